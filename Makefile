@@ -1,0 +1,24 @@
+# The README's two commands: `make demo` (the main job) and `make test` (the whole suite).
+# Each installs what it needs first; running them again installs nothing new.
+PYTHON ?= python3
+PIP_INSTALL = $(PYTHON) -m pip install --quiet --disable-pip-version-check --root-user-action=ignore
+
+.PHONY: demo test install graphviz benchmark
+
+demo: install
+	$(PYTHON) -m graphtrace demo
+
+test: install
+	$(PYTHON) -m pytest
+
+install: graphviz
+	$(PIP_INSTALL) -c constraints/ci.txt -e '.[test]'
+
+# Graphviz's `dot` renders the call graph; Debian's package provides it.
+graphviz:
+	@command -v dot >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq graphviz >/dev/null; }
+
+benchmark: install
+	$(PYTHON) -m benchmarks
