@@ -1,0 +1,58 @@
+"""Errors raised by graphtrace.
+
+Every user mistake raises a subclass of :class:`GraphtraceError` that also subclasses the builtin a caller would
+naturally catch (``TypeError`` for a wrong kind of object, ``ValueError`` for a wrong value, ...), so that
+``except ValueError`` keeps working. Messages name the offending thing, state the rule and give the remedy.
+
+Errors raised inside the user's own forward are never wrapped: they propagate with their own type.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GraphtraceError",
+    "InvalidOptionError",
+    "InvalidModelError",
+    "InvalidInputsError",
+    "OutputPathError",
+    "TraceFormatError",
+    "UnsupportedTensorError",
+    "FxCaptureError",
+    "GraphvizNotFoundError",
+]
+
+
+class GraphtraceError(Exception):
+    """Base class of every error graphtrace raises on its own account."""
+
+
+class InvalidOptionError(GraphtraceError, ValueError):
+    """An option has a value outside its allowed set."""
+
+
+class InvalidModelError(GraphtraceError, TypeError):
+    """What was passed as the model is not a ``torch.nn.Module``."""
+
+
+class InvalidInputsError(GraphtraceError, TypeError):
+    """The inputs are of a kind graphtrace cannot pass to a forward."""
+
+
+class OutputPathError(GraphtraceError, ValueError):
+    """The output directory is a file, or cannot be created or written."""
+
+
+class TraceFormatError(GraphtraceError, ValueError):
+    """A saved trace is missing, malformed, or of an unknown schema version."""
+
+
+class UnsupportedTensorError(GraphtraceError, TypeError):
+    """A tensor cannot be stored the requested way (for instance a sparse tensor as safetensors)."""
+
+
+class FxCaptureError(GraphtraceError, RuntimeError):
+    """``strategy="fx"`` was requested but some modules cannot be traced by torch.fx."""
+
+
+class GraphvizNotFoundError(GraphtraceError, RuntimeError):
+    """Graphviz's ``dot`` program is not installed."""

@@ -1,0 +1,275 @@
+"""The trace data model: plain frozen dataclasses of strings and numbers.
+
+A :class:`Trace` can be saved, loaded, compared and rendered without torch and without the model. Capture builds it;
+the writers, the renderer and the comparer only read it.
+
+A recorded value is a :data:`Value`: a :class:`TensorRecord`, the sanitised ``repr`` of any other object (a ``str``),
+a ``tuple`` of values (lists and tuples alike) or a ``dict`` of values (dicts and ``ModelOutput``s alike).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Union
+
+if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time to keep this module torch-free
+    import os
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "CallKind",
+    "CallNode",
+    "DTensorInfo",
+    "Stats",
+    "TensorRecord",
+    "Trace",
+    "TraceMeta",
+    "Value",
+    "is_layer_block",
+    "iter_tensors",
+    "prune_layer_blocks",
+]
+
+SCHEMA_VERSION = 1
+"""Version of graphtrace's own trace file; bumped when a saved trace could be misread by an older reader."""
+
+CallKind = Literal["module", "op"]
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Summary statistics of a floating-point tensor, as the tensor's own dtype computes them.
+
+    ``std`` is the sample standard deviation (``correction=1``), NaN for fewer than two elements.
+    """
+
+    mean: float
+    std: float
+    min: float
+    max: float
+
+
+@dataclass(frozen=True, slots=True)
+class DTensorInfo:
+    """Where a DTensor's local shard (the recorded tensor) sits in the global tensor."""
+
+    placements: str
+    mesh_shape: tuple[int, ...]
+    global_shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRecord:
+    """One tensor seen in a call: its metadata, statistics and, when requested, where its full value lives.
+
+    ``spec_stats`` holds the reference's exact strings for mean, std, min and max (for float16, float32 and bfloat16
+    only, as transformers writes them); ``stats`` holds the same numbers for computation, for every floating dtype.
+    ``value`` holds the repr lines of the tensor, ``file`` the relative path of its safetensors file.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    device: str = "cpu"
+    stats: Stats | None = None
+    spec_stats: tuple[str, str, str, str] | None = None
+    nan_count: int = 0
+    inf_count: int = 0
+    value: tuple[str, ...] | None = None
+    file: str | None = None
+    dtensor: DTensorInfo | None = None
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def is_finite(self) -> bool:
+        """True unless the tensor holds NaN or Inf (always true for non-floating dtypes)."""
+        return self.nan_count == 0 and self.inf_count == 0
+
+    def summary(self) -> TensorRecord:
+        """The same record without its full value."""
+        if self.value is None and self.file is None:
+            return self
+        return dataclasses.replace(self, value=None, file=None)
+
+
+Value = Union[TensorRecord, str, tuple["Value", ...], Mapping[str, "Value"]]
+"""A recorded input or output: a tensor record, a repr string, a tuple or a mapping of values."""
+
+
+def iter_tensors(value: Value | None, name: str = "") -> Iterator[tuple[str, TensorRecord]]:
+    """Every tensor inside ``value`` with its position, named like the reference names files (``_0``, ``_key``)."""
+    if value is None or isinstance(value, str):
+        return
+    if isinstance(value, TensorRecord):
+        yield name, value
+    elif isinstance(value, tuple):
+        for i, item in enumerate(value):
+            yield from iter_tensors(item, f"{name}_{i}")
+    else:
+        for key, item in value.items():
+            yield from iter_tensors(item, f"{name}_{key}")
+
+
+@dataclass(frozen=True, slots=True)
+class CallNode:
+    """One call of a module (or, with op recording, of a functional op) and the calls it made.
+
+    ``path`` is the reference's ``module_path`` (``"LlamaForCausalLM.model.layers.0"``); ``index`` counts earlier calls
+    of the same path within the same step, so ``id`` (``path@index``) is unique. ``leaf`` says whether the module has no
+    child modules: the transformers format records outputs only for leaves and the root. ``outputs`` is None when
+    the call raised; ``error`` then holds ``"ExceptionType: message"``. ``inputs_from`` lists the ids of the calls
+    whose outputs this call received as inputs (data flow). ``strategy`` says how the call was captured
+    (``"eager"`` for forward wrapping, ``"fx"`` for a traced graph).
+    """
+
+    path: str
+    index: int = 0
+    type_name: str = ""
+    kind: CallKind = "module"
+    leaf: bool = True
+    strategy: str = "eager"
+    args: tuple[Value, ...] = ()
+    kwargs: Mapping[str, Value] = field(default_factory=dict)
+    outputs: Value | None = None
+    children: tuple[CallNode, ...] = ()
+    error: str | None = None
+    inputs_from: tuple[str, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return f"{self.path}@{self.index}"
+
+    @property
+    def name(self) -> str:
+        """A short name: the last component of the path (``"q_proj"``), the last two for a numbered block
+        (``"layers.3"``), the whole path for the root."""
+        parts = self.path.rsplit(".", 2)
+        if len(parts) > 1 and parts[-1].isdigit():
+            return ".".join(parts[-2:])
+        return parts[-1]
+
+    def walk(self) -> Iterator[CallNode]:
+        """This call and every call below it, in the order they started."""
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(node.children))
+
+    def input_tensors(self) -> Iterator[tuple[str, TensorRecord]]:
+        yield from iter_tensors(self.args, "_args")
+        yield from iter_tensors(self.kwargs, "_kwargs")
+
+    def output_tensors(self) -> Iterator[tuple[str, TensorRecord]]:
+        yield from iter_tensors(self.outputs)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceMeta:
+    """How a trace was made. ``values`` says what FULL_TENSORS holds: ``"repr"`` lines, ``"safetensors"`` files, or
+    ``"none"`` (statistics only)."""
+
+    model_class: str
+    values: str = "repr"
+    strategy: str = "eager"
+    ops: bool = False
+    prune_layers: bool = False
+    rank: int = 0
+    world_size: int = 1
+    graphtrace_version: str = ""
+    torch_version: str = ""
+    created: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """The calls of one or more top-level forwards (``steps``), and how they were captured.
+
+    ``fallbacks`` maps a module path to the reason torch.fx could not serve it. ``directory`` is where the trace's
+    files live once saved or streamed (safetensors values are relative to it).
+    """
+
+    steps: tuple[CallNode, ...]
+    meta: TraceMeta
+    fallbacks: Mapping[str, str] = field(default_factory=dict)
+    directory: str | None = None
+
+    @property
+    def root(self) -> CallNode:
+        """The last top-level call: the only one when a single forward ran."""
+        if not self.steps:
+            raise LookupError("this trace recorded no forward call (was the model called on a non-zero rank?)")
+        return self.steps[-1]
+
+    def walk(self) -> Iterator[CallNode]:
+        """Every call of every step, in the order they started."""
+        for step in self.steps:
+            yield from step.walk()
+
+    def find(self, path: str, index: int = 0, step: int = -1) -> CallNode:
+        """The ``index``-th call of ``path`` in ``step``; raises KeyError when there is none."""
+        for node in self.steps[step].walk():
+            if node.path == path and node.index == index:
+                return node
+        raise KeyError(f"no call {path}@{index} in step {step % len(self.steps)}")
+
+    def failed_call(self) -> CallNode | None:
+        """The innermost call that raised, following the last error from the root down; None when none raised."""
+        for step in reversed(self.steps):
+            node = step
+            if node.error is None:
+                continue
+            while True:
+                failed = [child for child in node.children if child.error is not None]
+                if not failed:
+                    return node
+                node = failed[-1]
+        return None
+
+    def with_pruned_layers(self) -> Trace:
+        """A copy in which every run of more than two layer blocks keeps only its first and last (as transformers)."""
+        return dataclasses.replace(self, steps=tuple(prune_layer_blocks(step) for step in self.steps))
+
+    # Conveniences that delegate to the writers; imported lazily so that the data model stays a leaf of the imports.
+    def save(self, directory: str | os.PathLike[str], *, graph: bool = True) -> list[str]:
+        """Write the trace into ``directory`` (see :func:`graphtrace.io.save_trace`); returns the files written."""
+        from graphtrace.io.trace_files import save_trace
+
+        return save_trace(self, directory, graph=graph)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> Trace:
+        """Read a trace saved by graphtrace or written by transformers' ``model_addition_debugger_context``."""
+        from graphtrace.io.trace_files import load_trace
+
+        return load_trace(directory)
+
+
+_LAYER_SUFFIX = re.compile(r"(.*)\.(\d+)$")
+
+
+def is_layer_block(node: CallNode) -> bool:
+    """A numbered block (``...layers.3``) with children whose paths carry the same number, as transformers decides."""
+    match = _LAYER_SUFFIX.match(node.path)
+    if not match or not node.children:
+        return False
+    marker = f".{match.group(2)}."
+    return any(marker in child.path for child in node.children)
+
+
+def prune_layer_blocks(node: CallNode) -> CallNode:
+    """Keep the first and last of the layer blocks among each call's children, recursively (transformers' rule:
+    blocks of sibling lists count together)."""
+    if not node.children:
+        return node
+    blocks = [i for i, child in enumerate(node.children) if is_layer_block(child)]
+    dropped = set(blocks[1:-1]) if len(blocks) > 2 else set()
+    children = tuple(prune_layer_blocks(child) for i, child in enumerate(node.children) if i not in dropped)
+    return dataclasses.replace(node, children=children)
