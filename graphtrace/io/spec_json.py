@@ -1,0 +1,201 @@
+"""The transformers trace format: ``{Class}_debug_tree_FULL_TENSORS.json`` and ``{Class}_debug_tree_SUMMARY.json``.
+
+Writing follows transformers' ``model_addition_debugger_context`` key for key: node keys ``module_path``,
+``inputs``, ``outputs``, ``children`` in that order; a submodule drops an empty ``args``/``kwargs`` and an empty
+``children``; only leaf modules and the root carry outputs, and every node with children loses its ``outputs``; the
+root loses its falsy keys. SUMMARY is FULL without the tensors' ``value`` (a keyword argument that happens to be
+named ``value`` stays, unlike in transformers). A call that raised carries an extra ``error`` key.
+
+Reading turns such files, written by graphtrace or by transformers, back into :class:`~graphtrace.model.CallNode`\\ s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from graphtrace.errors import TraceFormatError
+from graphtrace.model import CallNode, Stats, TensorRecord, Value
+from graphtrace.reprs import spec_shape
+
+__all__ = [
+    "FULL_SUFFIX",
+    "SUMMARY_SUFFIX",
+    "node_to_spec",
+    "read_spec_file",
+    "spec_file_names",
+    "write_spec_files",
+]
+
+SUMMARY_SUFFIX = "_debug_tree_SUMMARY.json"
+FULL_SUFFIX = "_debug_tree_FULL_TENSORS.json"
+
+
+def spec_file_names(model_class: str) -> tuple[str, str]:
+    """The (FULL_TENSORS, SUMMARY) file names for a model class."""
+    return f"{model_class}{FULL_SUFFIX}", f"{model_class}{SUMMARY_SUFFIX}"
+
+
+# -- writing -------------------------------------------------------------------------------------------------------
+
+
+def _tensor_to_spec(record: TensorRecord, full: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"shape": spec_shape(record.shape), "dtype": record.dtype}
+    if full:
+        if record.value is not None:
+            out["value"] = list(record.value)
+        elif record.file is not None:
+            out["value"] = record.file
+    if record.spec_stats is not None:
+        out["mean"], out["std"], out["min"], out["max"] = record.spec_stats
+    return out
+
+
+def _value_to_spec(value: Value, full: bool) -> Any:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, TensorRecord):
+        return _tensor_to_spec(value, full)
+    if isinstance(value, tuple):
+        return [_value_to_spec(item, full) for item in value]
+    return {_json_key(key): _value_to_spec(item, full) for key, item in value.items()}
+
+
+def _json_key(key: Any) -> Any:
+    # json.dump accepts these key types itself (and converts them as transformers' files show); others become str.
+    return key if isinstance(key, (str, int, float, bool)) or key is None else str(key)
+
+
+def node_to_spec(node: CallNode, *, full: bool, root: bool = True, include_ops: bool = False) -> dict[str, Any]:
+    """The transformers JSON node of ``node`` and its subtree (FULL_TENSORS when ``full``, else SUMMARY)."""
+    inputs: dict[str, Any] = {}
+    if root or node.args:
+        inputs["args"] = [_value_to_spec(arg, full) for arg in node.args]
+    if root or node.kwargs:
+        inputs["kwargs"] = {_json_key(k): _value_to_spec(v, full) for k, v in node.kwargs.items()}
+    out: dict[str, Any] = {"module_path": node.path, "inputs": inputs}
+    children = [child for child in node.children if include_ops or child.kind != "op"]
+    if children:
+        out["children"] = [node_to_spec(child, full=full, root=False, include_ops=include_ops) for child in children]
+    else:
+        keeps_outputs = (root or node.leaf) and node.outputs is not None
+        outputs = _value_to_spec(node.outputs, full) if keeps_outputs else None  # type: ignore[arg-type]
+        if not root or outputs:
+            out["outputs"] = outputs
+    if node.error is not None:
+        out["error"] = node.error
+    return out
+
+
+def write_spec_files(
+    step: CallNode, directory: str | os.PathLike[str], model_class: str, *, include_ops: bool = False
+) -> list[Path]:
+    """Write FULL_TENSORS then SUMMARY for one top-level call into ``directory``; returns both paths."""
+    full_name, summary_name = spec_file_names(model_class)
+    written = []
+    for name, full in ((full_name, True), (summary_name, False)):
+        path = Path(directory) / name
+        tree = node_to_spec(step, full=full, include_ops=include_ops)
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(tree, handle, indent=2)
+        written.append(path)
+    return written
+
+
+# -- reading -------------------------------------------------------------------------------------------------------
+
+_SHAPE = re.compile(r"^torch\.Size\(\[([0-9, ]*)\]\)$")
+_SCALAR = re.compile(r"^(?:Parameter containing:\s*)?tensor\(\s*([^,)\s]+)")
+
+
+def _parse_scalar(text: str) -> float:
+    match = _SCALAR.match(text)
+    if not match:
+        return math.nan
+    try:
+        return float(match.group(1))
+    except ValueError:
+        return math.nan
+
+
+def _is_tensor_entry(value: Mapping[str, Any]) -> bool:
+    shape = value.get("shape")
+    return isinstance(shape, str) and "dtype" in value and bool(_SHAPE.match(shape))
+
+
+def _tensor_from_spec(value: Mapping[str, Any]) -> TensorRecord:
+    match = _SHAPE.match(value["shape"])
+    assert match is not None
+    dims = tuple(int(d) for d in match.group(1).split(",") if d.strip())
+    spec_stats = None
+    stats = None
+    nan_count = inf_count = 0
+    if all(key in value for key in ("mean", "std", "min", "max")):
+        spec_stats = (value["mean"], value["std"], value["min"], value["max"])
+        stats = Stats(*(_parse_scalar(text) for text in spec_stats))
+        # The format keeps no counts: a NaN/Inf extreme proves at least one such element.
+        nan_count = int(math.isnan(stats.min) or math.isnan(stats.max) or math.isnan(stats.mean))
+        inf_count = int(math.isinf(stats.min) or math.isinf(stats.max))
+    raw = value.get("value")
+    return TensorRecord(
+        shape=dims,
+        dtype=str(value["dtype"]),
+        stats=stats,
+        spec_stats=spec_stats,
+        nan_count=nan_count,
+        inf_count=inf_count,
+        value=tuple(raw) if isinstance(raw, list) else None,
+        file=raw if isinstance(raw, str) else None,
+    )
+
+
+def _value_from_spec(value: Any) -> Value:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return tuple(_value_from_spec(item) for item in value)
+    if isinstance(value, dict):
+        if _is_tensor_entry(value):
+            return _tensor_from_spec(value)
+        return {key: _value_from_spec(item) for key, item in value.items()}
+    return json.dumps(value)  # numbers or null where a writer put them directly
+
+
+def _node_from_spec(raw: Mapping[str, Any], counts: dict[str, int]) -> CallNode:
+    path = raw.get("module_path")
+    if not isinstance(path, str):
+        raise TraceFormatError(f"a node has no 'module_path' string (keys: {sorted(raw)}); is this a trace file?")
+    index = counts.get(path, 0)
+    counts[path] = index + 1
+    inputs = raw.get("inputs") or {}
+    children = tuple(_node_from_spec(child, counts) for child in raw.get("children") or ())
+    outputs = raw.get("outputs")
+    return CallNode(
+        path=path,
+        index=index,
+        leaf=not children,
+        args=tuple(_value_from_spec(arg) for arg in inputs.get("args", ())),
+        kwargs={key: _value_from_spec(v) for key, v in (inputs.get("kwargs") or {}).items()},
+        outputs=None if outputs is None else _value_from_spec(outputs),
+        children=children,
+        error=raw.get("error"),
+    )
+
+
+def read_spec_file(path: str | os.PathLike[str]) -> CallNode:
+    """The call tree of a SUMMARY or FULL_TENSORS file (graphtrace's or transformers')."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = json.load(handle)
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read trace file {path}: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(f"{path} is not valid JSON ({exc}); was it written completely?") from exc
+    if not isinstance(raw, dict):
+        raise TraceFormatError(f"{path} does not hold a call tree (its top level is a {type(raw).__name__})")
+    return _node_from_spec(raw, {})

@@ -1,0 +1,165 @@
+"""A trace directory: the transformers spec files, graphtrace's own file, and the safetensors values.
+
+Layout of ``save_trace(trace, d)`` for a trace of one step::
+
+    d/{Class}_debug_tree_FULL_TENSORS.json   transformers format (values: repr lines or ./file.safetensors)
+    d/{Class}_debug_tree_SUMMARY.json        transformers format, without values
+    d/{Class}_graphtrace.json                graphtrace's own file: the whole trace, for show/render/diff
+    d/*.safetensors                          full values when captured with values="safetensors"
+
+A trace of several steps (several top-level forward calls) puts each step's spec files and values in ``d/step_{i}/``
+and one ``{Class}_graphtrace.json`` holding all steps in ``d``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from graphtrace.errors import OutputPathError, TraceFormatError
+from graphtrace.io.spec_json import FULL_SUFFIX, SUMMARY_SUFFIX, read_spec_file, write_spec_files
+from graphtrace.io.trace_json import trace_from_json, trace_to_json
+from graphtrace.model import CallNode, TensorRecord, Trace, TraceMeta
+
+__all__ = [
+    "OWN_SUFFIX",
+    "find_trace_file",
+    "load_trace",
+    "prepare_directory",
+    "save_trace",
+    "step_directory",
+    "referenced_files",
+]
+
+OWN_SUFFIX = "_graphtrace.json"
+
+
+def prepare_directory(path: str | os.PathLike[str], *, what: str = "trace directory") -> Path:
+    """Create ``path`` if needed and check that files can be written in it; raise :class:`OutputPathError` else."""
+    directory = Path(path)
+    if directory.exists() and not directory.is_dir():
+        raise OutputPathError(f"{what} {str(directory)!r} is a file, not a directory; pass a directory path.")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise OutputPathError(
+            f"cannot write into {what} {str(directory)!r}: {exc.strerror or exc}. "
+            "Choose a directory you can write to."
+        ) from exc
+    return directory
+
+
+def step_directory(directory: Path, step: int, steps: int) -> Path:
+    """Where step ``step`` of ``steps`` keeps its spec files and values."""
+    return directory if steps == 1 else directory / f"step_{step}"
+
+
+def _all_tensors(root: CallNode) -> Iterator[TensorRecord]:
+    for call in root.walk():
+        for _, record in call.input_tensors():
+            yield record
+        for _, record in call.output_tensors():
+            yield record
+
+
+def referenced_files(node: CallNode) -> set[str]:
+    """The safetensors files (``./name.safetensors``) the node and its subtree point at."""
+    return {record.file for record in _all_tensors(node) if record.file is not None}
+
+
+def save_trace(trace: Trace, directory: str | os.PathLike[str], *, graph: bool = True) -> list[str]:
+    """Write ``trace`` into ``directory`` (layout in the module docstring); returns the paths written.
+
+    A trace captured with ``prune_layers`` is saved pruned, graphtrace's own file included; safetensors files that
+    only the pruned calls referenced are removed from where capture streamed them."""
+    target = prepare_directory(directory)
+    source = Path(trace.directory) if trace.directory else None
+    full = trace
+    if trace.meta.prune_layers:
+        trace = trace.with_pruned_layers()
+    written: list[Path] = []
+    for i, step in enumerate(trace.steps):
+        out = step_directory(target, i, len(trace.steps))
+        out.mkdir(exist_ok=True)
+        written += write_spec_files(step, out, trace.meta.model_class, include_ops=trace.meta.ops)
+        if source is None:
+            continue
+        from_dir = step_directory(source, i, len(trace.steps))
+        kept = referenced_files(step)
+        for file in sorted(kept):
+            src, dst = from_dir / file, out / file
+            if src.resolve() != dst.resolve():
+                shutil.copyfile(src, dst)
+            written.append(dst)
+        if from_dir.resolve() == out.resolve():
+            for file in referenced_files(full.steps[i]) - kept:
+                (from_dir / file).unlink(missing_ok=True)
+    own = target / f"{trace.meta.model_class}{OWN_SUFFIX}"
+    with open(own, "w", encoding="utf-8") as handle:
+        json.dump(trace_to_json(trace), handle, indent=1, allow_nan=False)
+    written.append(own)
+    if graph and trace.steps:
+        written += _save_graph(trace, target)
+    return [str(path) for path in written]
+
+
+def _save_graph(trace: Trace, target: Path) -> list[Path]:
+    """The call graph beside the JSON, when the renderer is available (see graphtrace.render)."""
+    return []
+
+
+def find_trace_file(path: str | os.PathLike[str]) -> Path:
+    """The file to load for ``path``: a graphtrace or spec file itself, or the one such file in a directory."""
+    candidate = Path(path)
+    if candidate.is_file():
+        return candidate
+    if not candidate.is_dir():
+        raise TraceFormatError(f"no trace at {str(candidate)!r}: no such file or directory")
+    for suffix in (OWN_SUFFIX, SUMMARY_SUFFIX, FULL_SUFFIX):
+        found = sorted(candidate.glob(f"*{suffix}"))
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            names = ", ".join(f.name for f in found)
+            raise TraceFormatError(
+                f"{str(candidate)!r} holds traces of several models ({names}); pass the file of the one you want."
+            )
+    raise TraceFormatError(
+        f"{str(candidate)!r} holds no trace: expected a *{OWN_SUFFIX} file (graphtrace) or a *{SUMMARY_SUFFIX} "
+        "file (transformers' model_addition_debugger_context)."
+    )
+
+
+def load_trace(path: str | os.PathLike[str]) -> Trace:
+    """Read a trace directory or file written by graphtrace, or by transformers' ``model_addition_debugger_context``
+    (then only what that format holds is known: no call types, strategies, counts of non-finite values)."""
+    file = find_trace_file(path)
+    directory = str(file.parent)
+    if file.name.endswith(OWN_SUFFIX):
+        try:
+            with open(file, encoding="utf-8") as handle:
+                raw = json.load(handle)
+        except json.JSONDecodeError as exc:
+            raise TraceFormatError(f"{file} is not valid JSON ({exc}); was it written completely?") from exc
+        return trace_from_json(raw, directory)
+    if file.name.endswith(SUMMARY_SUFFIX):
+        full = file.with_name(file.name[: -len(SUMMARY_SUFFIX)] + FULL_SUFFIX)
+        if full.is_file():
+            file = full
+    model_class = file.name.rsplit("_debug_tree_", 1)[0]
+    root = read_spec_file(file)
+    has_values = any(record.value is not None for record in _all_tensors(root))
+    has_files = bool(referenced_files(root))
+    meta = TraceMeta(
+        model_class=model_class,
+        values="safetensors" if has_files else ("repr" if has_values else "none"),
+        strategy="unknown",
+    )
+    return Trace(steps=(root,), meta=meta, directory=directory)
+

@@ -1,0 +1,160 @@
+"""graphtrace's own trace file, ``{Class}_graphtrace.json``: everything the transformers format cannot hold.
+
+The spec files stay byte-compatible with transformers; this file sits beside them and keeps the whole trace
+(every step, call indices, module types, capture strategy and fallbacks, numeric statistics, non-finite counts,
+data flow, errors), so that ``show``, ``render`` and ``diff`` work on a saved trace without the model. Repr lines
+of full values are not repeated here; safetensors file references are.
+
+Non-finite floats are written as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` so that the file stays
+standard JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from graphtrace.errors import TraceFormatError
+from graphtrace.model import SCHEMA_VERSION, CallNode, DTensorInfo, Stats, TensorRecord, Trace, TraceMeta, Value
+
+__all__ = ["FORMAT_NAME", "trace_from_json", "trace_to_json"]
+
+FORMAT_NAME = "graphtrace"
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _float_out(x: float) -> float | str:
+    if math.isfinite(x):
+        return x
+    return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+
+
+def _float_in(x: Any) -> float:
+    return _NONFINITE[x] if isinstance(x, str) else float(x)
+
+
+def _tensor_out(record: TensorRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {"shape": list(record.shape), "dtype": record.dtype, "device": record.device}
+    if record.stats is not None:
+        out["stats"] = [_float_out(x) for x in dataclasses.astuple(record.stats)]
+    if record.spec_stats is not None:
+        out["spec_stats"] = list(record.spec_stats)
+    if record.nan_count or record.inf_count:
+        out["nan"], out["inf"] = record.nan_count, record.inf_count
+    if record.file is not None:
+        out["file"] = record.file
+    if record.dtensor is not None:
+        out["dtensor"] = dataclasses.asdict(record.dtensor)
+    return out
+
+
+def _tensor_in(raw: Mapping[str, Any]) -> TensorRecord:
+    dtensor = raw.get("dtensor")
+    return TensorRecord(
+        shape=tuple(raw["shape"]),
+        dtype=raw["dtype"],
+        device=raw.get("device", "cpu"),
+        stats=Stats(*(_float_in(x) for x in raw["stats"])) if "stats" in raw else None,
+        spec_stats=tuple(raw["spec_stats"]) if "spec_stats" in raw else None,  # type: ignore[arg-type]
+        nan_count=raw.get("nan", 0),
+        inf_count=raw.get("inf", 0),
+        file=raw.get("file"),
+        dtensor=DTensorInfo(
+            placements=dtensor["placements"],
+            mesh_shape=tuple(dtensor["mesh_shape"]),
+            global_shape=tuple(dtensor["global_shape"]),
+        )
+        if dtensor
+        else None,
+    )
+
+
+def _value_out(value: Value) -> Any:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, TensorRecord):
+        return {"tensor": _tensor_out(value)}
+    if isinstance(value, tuple):
+        return [_value_out(item) for item in value]
+    return {"dict": {str(key): _value_out(item) for key, item in value.items()}}
+
+
+def _value_in(raw: Any) -> Value:
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, list):
+        return tuple(_value_in(item) for item in raw)
+    if isinstance(raw, dict) and "tensor" in raw:
+        return _tensor_in(raw["tensor"])
+    if isinstance(raw, dict) and "dict" in raw:
+        return {key: _value_in(item) for key, item in raw["dict"].items()}
+    raise TraceFormatError(f"unreadable value in trace file: {str(raw)[:80]}")
+
+
+def _node_out(node: CallNode) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "path": node.path,
+        "index": node.index,
+        "type": node.type_name,
+        "kind": node.kind,
+        "leaf": node.leaf,
+        "strategy": node.strategy,
+        "args": [_value_out(arg) for arg in node.args],
+        "kwargs": {str(key): _value_out(value) for key, value in node.kwargs.items()},
+        "outputs": None if node.outputs is None else _value_out(node.outputs),
+    }
+    if node.error is not None:
+        out["error"] = node.error
+    if node.inputs_from:
+        out["inputs_from"] = list(node.inputs_from)
+    out["children"] = [_node_out(child) for child in node.children]
+    return out
+
+
+def _node_in(raw: Mapping[str, Any]) -> CallNode:
+    return CallNode(
+        path=raw["path"],
+        index=raw.get("index", 0),
+        type_name=raw.get("type", ""),
+        kind=raw.get("kind", "module"),
+        leaf=raw.get("leaf", True),
+        strategy=raw.get("strategy", "eager"),
+        args=tuple(_value_in(arg) for arg in raw.get("args", ())),
+        kwargs={key: _value_in(value) for key, value in raw.get("kwargs", {}).items()},
+        outputs=None if raw.get("outputs") is None else _value_in(raw["outputs"]),
+        children=tuple(_node_in(child) for child in raw.get("children", ())),
+        error=raw.get("error"),
+        inputs_from=tuple(raw.get("inputs_from", ())),
+    )
+
+
+def trace_to_json(trace: Trace) -> dict[str, Any]:
+    """The JSON document of ``trace`` (without repr lines, which live in FULL_TENSORS)."""
+    return {
+        "format": FORMAT_NAME,
+        "schema_version": SCHEMA_VERSION,
+        "meta": dataclasses.asdict(trace.meta),
+        "fallbacks": dict(trace.fallbacks),
+        "steps": [_node_out(step) for step in trace.steps],
+    }
+
+
+def trace_from_json(raw: Any, directory: str | None = None) -> Trace:
+    """The trace of a document written by :func:`trace_to_json`; ``directory`` is where its files live."""
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
+        raise TraceFormatError("not a graphtrace trace file (its 'format' is not 'graphtrace')")
+    version = raw.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise TraceFormatError(
+            f"trace schema version {version} is not the version this graphtrace reads ({SCHEMA_VERSION}); "
+            "install the graphtrace version that wrote it, or capture the trace again."
+        )
+    try:
+        meta_fields = {f.name for f in dataclasses.fields(TraceMeta)}
+        meta = TraceMeta(**{k: v for k, v in raw["meta"].items() if k in meta_fields})
+        steps = tuple(_node_in(step) for step in raw["steps"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TraceFormatError(f"malformed graphtrace trace file: {type(exc).__name__}: {exc}") from exc
+    return Trace(steps=steps, meta=meta, fallbacks=dict(raw.get("fallbacks", {})), directory=directory)
