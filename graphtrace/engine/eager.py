@@ -1,0 +1,123 @@
+"""Eager capture: every module's ``forward`` wrapped so that its calls reach the recorder.
+
+This is transformers' own strategy and the fallback of the fx engine for modules torch.fx cannot trace. Every patch
+goes through a :class:`PatchLedger` and is undone, in reverse order, when capture ends, also when the forward raised:
+afterwards a module has exactly the ``forward`` it had (no instance attribute where there was none).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from graphtrace.engine.recorder import Recorder
+
+__all__ = ["PatchLedger", "attach_eager", "module_paths"]
+
+_MISSING = object()
+
+
+class PatchLedger:
+    """Instance attributes set during capture, with what they replaced, restored in reverse order."""
+
+    def __init__(self) -> None:
+        self._patches: list[tuple[Any, str, Any]] = []
+
+    def set_instance_attr(self, obj: Any, name: str, value: Any) -> None:
+        """Set ``obj.name`` in the instance ``__dict__`` (no ``nn.Module.__setattr__`` side effects)."""
+        self._patches.append((obj, name, obj.__dict__.get(name, _MISSING)))
+        obj.__dict__[name] = value
+
+    def restore(self) -> None:
+        """Undo every patch, newest first; safe to call twice."""
+        while self._patches:
+            obj, name, old = self._patches.pop()
+            if old is _MISSING:
+                obj.__dict__.pop(name, None)
+            else:
+                obj.__dict__[name] = old
+
+    def __len__(self) -> int:
+        return len(self._patches)
+
+
+def module_paths(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """Every distinct module with the path transformers gives it: the class name, then ``.{named_modules name}``.
+
+    A module registered under several names is reported once, under its first name, as ``named_modules`` does."""
+    root = type(model).__name__
+    for name, module in model.named_modules():
+        yield (f"{root}.{name}" if name else root), module
+
+
+def is_leaf(module: nn.Module) -> bool:
+    """A module without child modules: the transformers format records outputs only for these (and the root)."""
+    return next(iter(module.children()), None) is None
+
+
+def make_wrapper(
+    recorder: Recorder,
+    module: nn.Module,
+    path: str,
+    forward: Callable[..., Any],
+    *,
+    root: bool,
+    no_grad: bool,
+) -> Callable[..., Any]:
+    """A forward that reports its call to ``recorder`` around ``forward``.
+
+    Inputs are recorded before and outputs after the call, in the caller's grad mode (as transformers does); the
+    call itself runs under ``torch.no_grad()`` when ``no_grad``.
+    """
+    type_name = type(module).__name__
+    leaf = is_leaf(module)
+    begin, end, fail = recorder.begin, recorder.end, recorder.fail
+
+    @functools.wraps(forward)
+    def recording_forward(*args: Any, **kwargs: Any) -> Any:
+        frame = begin(path, type_name, leaf, args, kwargs, root=root)
+        if frame is None:
+            if no_grad:
+                with torch.no_grad():
+                    return forward(*args, **kwargs)
+            return forward(*args, **kwargs)
+        try:
+            if no_grad:
+                with torch.no_grad():
+                    output = forward(*args, **kwargs)
+            else:
+                output = forward(*args, **kwargs)
+        except BaseException as exc:
+            fail(frame, exc)
+            raise
+        end(frame, output)
+        return output
+
+    return recording_forward
+
+
+def attach_eager(
+    model: nn.Module,
+    recorder: Recorder,
+    ledger: PatchLedger,
+    *,
+    root_no_grad: bool,
+    only: set[str] | None = None,
+) -> None:
+    """Wrap the forward of ``model`` and of every submodule (or only of the paths in ``only``).
+
+    Submodule calls always run under ``torch.no_grad()``; the root's own body does so when ``root_no_grad``
+    (transformers leaves the root in the caller's grad mode).
+    """
+    for path, module in module_paths(model):
+        if only is not None and path not in only:
+            continue
+        is_root = module is model
+        wrapper = make_wrapper(
+            recorder, module, path, module.forward, root=is_root, no_grad=root_no_grad if is_root else True
+        )
+        ledger.set_instance_attr(module, "forward", wrapper)

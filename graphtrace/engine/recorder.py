@@ -1,0 +1,282 @@
+"""The one sink of capture events.
+
+Both capture strategies (forward wrapping and torch.fx graphs) report the same three events: a call begins, a call
+returns, a call raises. The recorder keeps the call stack, numbers repeated calls of a module (``path@N``), turns
+tensors into :class:`~graphtrace.model.TensorRecord`\\ s and assembles the :class:`~graphtrace.model.CallNode` tree.
+Each top-level call becomes a *step*; a call that starts outside any top-level call is not recorded.
+
+Not thread-safe: one recorder follows one forward at a time.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import torch
+
+from graphtrace.engine.stats import TensorSummary, summarize
+from graphtrace.model import CallNode, DTensorInfo, TensorRecord, Value
+from graphtrace.reprs import sanitize_repr, spec_printoptions
+
+__all__ = ["Frame", "Recorder", "ValueSink"]
+
+_PLAIN_SCALARS = frozenset({type(None), bool, int, float, str})
+
+
+class ValueSink(Protocol):
+    """Where full tensor values go (implemented in ``graphtrace.io.tensors``). ``per_name`` is False when the stored
+    value depends only on the tensor's contents, so the recorder may reuse it for an unchanged tensor seen again.
+    ``linewidth`` is the print width transformers has in this mode when it takes the ``repr`` of other objects."""
+
+    per_name: bool
+    linewidth: int | None
+
+    def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
+        """Keep ``tensor``'s value under ``name``; return ``(repr_lines, None)`` or ``(None, relative_file)``."""
+        ...
+
+
+class _Seen:
+    """What is known about a tensor object already met in this step (valid while its version is unchanged)."""
+
+    __slots__ = ("ref", "version", "grad_mode", "summary", "lines", "producer")
+
+    def __init__(self, tensor: torch.Tensor, version: int, grad_mode: bool, summary: TensorSummary) -> None:
+        self.ref = weakref.ref(tensor)
+        self.version = version
+        self.grad_mode = grad_mode
+        self.summary = summary
+        self.lines: tuple[str, ...] | None = None
+        self.producer: str | None = None
+
+
+class Frame:
+    """A call in progress."""
+
+    __slots__ = ("path", "index", "name", "type_name", "leaf", "strategy", "root", "args", "kwargs", "children",
+                 "inputs_from")
+
+    def __init__(self, path: str, index: int, type_name: str, leaf: bool, strategy: str, root: bool) -> None:
+        self.path = path
+        self.index = index
+        # The prefix of this call's file names: the first call keeps the reference's name, later calls get "@N" so
+        # that no call overwrites another's tensors.
+        self.name = path if index == 0 else f"{path}@{index}"
+        self.type_name = type_name
+        self.leaf = leaf
+        self.strategy = strategy
+        self.root = root
+        self.args: tuple[Value, ...] = ()
+        self.kwargs: Mapping[str, Value] = {}
+        self.children: list[CallNode] = []
+        self.inputs_from: list[str] = []
+
+    @property
+    def id(self) -> str:
+        return f"{self.path}@{self.index}"
+
+
+def _dtensor_info(value: Any) -> DTensorInfo | None:
+    try:
+        return DTensorInfo(
+            placements=str(tuple(value.placements)),
+            mesh_shape=tuple(value.device_mesh.shape),
+            global_shape=tuple(value.shape),
+        )
+    except Exception:  # a duck-typed object with a _local_tensor but not the DTensor API
+        return None
+
+
+class Recorder:
+    """Builds the call tree from begin/end/fail events.
+
+    ``sink`` receives the tensors whose full value is wanted (None: statistics only). ``on_step_start`` is called with
+    the number of each top-level call as it begins, ``on_step`` with each finished one, also when it raised.
+    """
+
+    def __init__(
+        self,
+        sink: ValueSink | None = None,
+        on_step: Callable[[CallNode], None] | None = None,
+        on_step_start: Callable[[int], None] | None = None,
+    ) -> None:
+        self.sink = sink
+        self._linewidth = sink.linewidth if sink is not None else None
+        self.on_step = on_step
+        self.on_step_start = on_step_start
+        self.steps: list[CallNode] = []
+        self._stack: list[Frame] = []
+        self._counts: dict[str, int] = {}
+        self._seen: dict[int, _Seen] = {}
+
+    @property
+    def active(self) -> bool:
+        """True while a top-level call is in progress."""
+        return bool(self._stack)
+
+    # -- events -----------------------------------------------------------------------------------------------------
+
+    def begin(
+        self,
+        path: str,
+        type_name: str,
+        leaf: bool,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        *,
+        strategy: str = "eager",
+        root: bool = False,
+    ) -> Frame | None:
+        """Record the start of a call; returns None when the call is not recorded (it began outside a step)."""
+        if not self._stack:
+            if not root:
+                return None
+            self._counts = {}
+            self._seen = {}
+            if self.on_step_start is not None:
+                self.on_step_start(len(self.steps))
+        index = self._counts.get(path, 0)
+        self._counts[path] = index + 1
+        frame = Frame(path, index, type_name, leaf, strategy, root)
+        prefix = f"{frame.name}_inputs"
+        # The reference records {"args": ..., "kwargs": ...}; a submodule drops an empty one (naming is unaffected).
+        if args:
+            frame.args = self._convert_sequence(args, f"{prefix}_args", frame, True, False)
+        if kwargs:
+            frame.kwargs = self._convert_mapping(kwargs, f"{prefix}_kwargs", frame, True, False)
+        self._stack.append(frame)
+        return frame
+
+    def end(self, frame: Frame, output: Any) -> None:
+        """Record the return of ``frame``'s call with ``output``."""
+        # The reference keeps full values of leaf and root outputs only; other outputs get statistics.
+        store = frame.leaf or frame.root
+        try:
+            outputs = self._convert(output, f"{frame.name}_outputs", frame, store, True)
+        except BaseException as exc:
+            self.fail(frame, exc)
+            raise
+        self._finish(frame, outputs, None)
+
+    def fail(self, frame: Frame, exc: BaseException) -> None:
+        """Record that ``frame``'s call raised ``exc`` (the caller re-raises it)."""
+        message = str(exc).strip().splitlines()
+        self._finish(frame, None, f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__)
+
+    # -- tree assembly ----------------------------------------------------------------------------------------------
+
+    def _finish(self, frame: Frame, outputs: Value | None, error: str | None) -> None:
+        stack = self._stack
+        while stack and stack[-1] is not frame:  # a call that never returned (should not happen with wrappers)
+            lost = stack.pop()
+            self._attach(self._node(lost, None, "did not return"))
+        if not stack:
+            return
+        stack.pop()
+        self._attach(self._node(frame, outputs, error))
+
+    def _node(self, frame: Frame, outputs: Value | None, error: str | None) -> CallNode:
+        return CallNode(
+            path=frame.path,
+            index=frame.index,
+            type_name=frame.type_name,
+            leaf=frame.leaf,
+            strategy=frame.strategy,
+            args=frame.args,
+            kwargs=frame.kwargs,
+            outputs=outputs,
+            children=tuple(frame.children),
+            error=error,
+            inputs_from=tuple(frame.inputs_from),
+        )
+
+    def _attach(self, node: CallNode) -> None:
+        if self._stack:
+            self._stack[-1].children.append(node)
+            return
+        self.steps.append(node)
+        self._seen = {}
+        if self.on_step is not None:
+            self.on_step(node)
+
+    # -- values -----------------------------------------------------------------------------------------------------
+
+    def _convert(self, value: Any, name: str, frame: Frame, store: bool, produced: bool) -> Value:
+        # Same order of checks as the reference: sequences, mappings, DTensor-likes, tensors, anything else.
+        if type(value) is torch.Tensor:
+            return self._tensor(value, name, frame, store, produced, None)
+        if isinstance(value, (list, tuple)):
+            return self._convert_sequence(value, name, frame, store, produced)
+        if isinstance(value, dict):
+            return self._convert_mapping(value, name, frame, store, produced)
+        if hasattr(value, "_local_tensor"):
+            return self._tensor(value._local_tensor, name, frame, store, produced, _dtensor_info(value))
+        if isinstance(value, torch.Tensor):
+            return self._tensor(value, name, frame, store, produced, None)
+        if type(value) in _PLAIN_SCALARS:
+            return repr(value)
+        with spec_printoptions(self._linewidth):  # an object's repr may print tensors
+            return sanitize_repr(repr(value))
+
+    def _convert_sequence(self, values: Any, name: str, frame: Frame, store: bool, produced: bool) -> Value:
+        return tuple(self._convert(v, f"{name}_{i}", frame, store, produced) for i, v in enumerate(values))
+
+    def _convert_mapping(self, values: Any, name: str, frame: Frame, store: bool, produced: bool) -> Value:
+        return {k: self._convert(v, f"{name}_{k}", frame, store, produced) for k, v in values.items()}
+
+    def _tensor(
+        self,
+        tensor: torch.Tensor,
+        name: str,
+        frame: Frame,
+        store: bool,
+        produced: bool,
+        dtensor: DTensorInfo | None,
+    ) -> TensorRecord:
+        seen = self._remember(tensor)
+        if produced:
+            seen.producer = frame.id
+        elif seen.producer is not None and seen.producer not in frame.inputs_from:
+            frame.inputs_from.append(seen.producer)
+        summary = seen.summary
+        lines = file = None
+        if store and self.sink is not None:
+            if self.sink.per_name:
+                lines, file = self.sink.store(tensor, name)
+            else:
+                if seen.lines is None:
+                    seen.lines, _ = self.sink.store(tensor, name)
+                lines = seen.lines
+        return TensorRecord(
+            shape=tuple(tensor.shape),
+            dtype=str(tensor.dtype),
+            device=str(tensor.device),
+            stats=summary.stats,
+            spec_stats=summary.spec_stats,
+            nan_count=summary.nan_count,
+            inf_count=summary.inf_count,
+            value=lines,
+            file=file,
+            dtensor=dtensor,
+        )
+
+    def _remember(self, tensor: torch.Tensor) -> _Seen:
+        """The cached facts about ``tensor``, recomputed when it is new or was modified in place since."""
+        key = id(tensor)
+        grad_mode = tensor.requires_grad and torch.is_grad_enabled()
+        try:
+            version = tensor._version
+        except RuntimeError:  # inference tensors have no version counter: never reuse
+            return _Seen(tensor, -1, grad_mode, summarize(tensor))
+        old = self._seen.get(key)
+        producer = None
+        if old is not None and old.ref() is tensor:
+            if old.version == version and old.grad_mode == grad_mode:
+                return old
+            producer = old.producer  # modified in place since: new statistics, same origin
+        seen = _Seen(tensor, version, grad_mode, summarize(tensor))
+        seen.producer = producer
+        self._seen[key] = seen
+        return seen

@@ -1,0 +1,109 @@
+"""Tensor statistics: the only numeric code of graphtrace.
+
+The transformers format writes mean, std, min and max of float16/float32/bfloat16 tensors as the ``repr`` of the 0-d
+result (``"tensor(-8.1495e-04)"``, ``"tensor(1.5020e-05, dtype=torch.float16)"``) under ``sci_mode=True``. Calling
+four reductions and four ``repr``s per tensor is most of the reference's cost, so the common case (a plain CPU
+tensor, no autograd history in play) computes the four reductions in the tensor's own dtype, fetches them in one
+host transfer and formats them the way torch's printer does. Anything unusual (another device, a tensor subclass,
+autograd recording) takes the reference's own path so that the strings stay identical.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import NamedTuple
+
+import torch
+from torch._tensor_str import PRINT_OPTS
+
+from graphtrace.model import Stats
+from graphtrace.reprs import sanitize_repr, spec_printoptions
+
+__all__ = ["SPEC_STAT_DTYPES", "TensorSummary", "format_scalar", "summarize"]
+
+SPEC_STAT_DTYPES = frozenset({torch.float16, torch.float32, torch.bfloat16})
+"""The dtypes for which transformers writes mean/std/min/max."""
+
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+class TensorSummary(NamedTuple):
+    stats: Stats | None
+    spec_stats: tuple[str, str, str, str] | None
+    nan_count: int
+    inf_count: int
+
+
+_NO_STATS = TensorSummary(None, None, 0, 0)
+
+
+def format_scalar(value: float, dtype: torch.dtype, precision: int) -> str:
+    """``repr`` of a 0-d CPU tensor of ``dtype`` holding ``value``, as torch prints it with ``sci_mode=True``."""
+    if value != 0.0 and math.isfinite(value):
+        body = f"{value:.{precision}e}"
+    elif math.isfinite(value):  # zero: torch's integer mode, "0." / "-0."
+        body = f"{value:.0f}."
+    else:
+        body = f"{value:.0f}"  # nan, inf, -inf
+    if dtype == torch.get_default_dtype():
+        return f"tensor({body})"
+    return f"tensor({body}, dtype={dtype})"
+
+
+def _needs_reference_path(tensor: torch.Tensor) -> bool:
+    """True when the repr of a 0-d result would carry a suffix only torch's printer gets right."""
+    return (
+        type(tensor) not in _PLAIN_TENSOR_TYPES
+        or tensor.device.type != "cpu"
+        or torch._C._get_default_device() != "cpu"
+        or (tensor.requires_grad and torch.is_grad_enabled())
+        or PRINT_OPTS.linewidth < 60
+    )
+
+
+def _nonfinite_counts(tensor: torch.Tensor, low: float, high: float) -> tuple[int, int]:
+    # NaN propagates into min and max and Inf shows in one of them, so finite extremes prove a finite tensor.
+    if math.isfinite(low) and math.isfinite(high):
+        return 0, 0
+    with torch.no_grad():
+        counts = torch.stack([torch.isnan(tensor).sum(), torch.isinf(tensor).sum()]).tolist()
+    return int(counts[0]), int(counts[1])
+
+
+def _reference_summary(tensor: torch.Tensor) -> TensorSummary:
+    """The reference's computation, call for call, in the caller's grad mode."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # std() of one element warns; the reference's value (nan) stays
+        results = (tensor.mean(), tensor.std(), tensor.min(), tensor.max())
+    with spec_printoptions():
+        spec = tuple(sanitize_repr(repr(result)) for result in results)
+    numbers = [float(result.item()) for result in results]
+    stats = Stats(*numbers)
+    return TensorSummary(stats, spec, *_nonfinite_counts(tensor, stats.min, stats.max))  # type: ignore[arg-type]
+
+
+def summarize(tensor: torch.Tensor) -> TensorSummary:
+    """Statistics and non-finite counts of ``tensor`` (empty for non-floating or empty tensors)."""
+    dtype = tensor.dtype
+    if not dtype.is_floating_point or tensor.numel() == 0 or tensor.layout != torch.strided:
+        return _NO_STATS
+    spec_dtype = dtype in SPEC_STAT_DTYPES
+    if spec_dtype and _needs_reference_path(tensor):
+        return _reference_summary(tensor)
+    with torch.no_grad():
+        data = tensor if dtype in SPEC_STAT_DTYPES or dtype == torch.float64 else tensor.float()
+        std = data.std() if data.numel() > 1 else data.new_full((), math.nan)
+        low, high = torch.aminmax(data)
+        mean, std, low, high = torch.stack((data.mean(), std, low, high)).tolist()
+    stats = Stats(mean, std, low, high)
+    spec = None
+    if spec_dtype:
+        precision = PRINT_OPTS.precision
+        spec = (
+            format_scalar(mean, dtype, precision),
+            format_scalar(std, dtype, precision),
+            format_scalar(low, dtype, precision),
+            format_scalar(high, dtype, precision),
+        )
+    return TensorSummary(stats, spec, *_nonfinite_counts(tensor, low, high))
