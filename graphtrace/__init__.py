@@ -1,0 +1,52 @@
+"""graphtrace: record what happens inside a PyTorch model's forward pass, module by module.
+
+Importing graphtrace is cheap: the data model is torch-free and everything that needs torch is imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from graphtrace.errors import GraphtraceError
+from graphtrace.model import CallNode, TensorRecord, Trace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # capture
+    "capture",
+    "tracing",
+    "model_addition_debugger_context",
+    # the data model
+    "Trace",
+    "CallNode",
+    "TensorRecord",
+    "load",
+    # errors
+    "GraphtraceError",
+]
+
+_LAZY = {
+    "capture": "graphtrace.api",
+    "tracing": "graphtrace.api",
+    "model_addition_debugger_context": "graphtrace.compat",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from graphtrace.api import capture, tracing
+    from graphtrace.compat import model_addition_debugger_context
+
+
+def load(path: str) -> Trace:
+    """Read a saved trace: a directory or file written by graphtrace or by transformers' debugger."""
+    return Trace.load(path)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'graphtrace' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

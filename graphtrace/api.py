@@ -1,0 +1,258 @@
+"""The scripting API: :func:`capture` for one forward, :func:`tracing` for anything that calls the model.
+
+Options are validated here, once, before the model runs. Capture leaves nothing behind: every patched ``forward`` is
+restored, torch's print options and the caller's grad mode are untouched, also when the forward raises. When it
+raises, the calls recorded so far are kept (and saved, when a path was given), the failing call is marked, and the
+original exception propagates with a note saying where the partial trace is.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Literal, get_args
+
+import torch
+from torch import nn
+
+from graphtrace.engine import PatchLedger, Recorder, attach
+from graphtrace.engine.distributed import current_rank, world_size
+from graphtrace.errors import InvalidInputsError, InvalidModelError, InvalidOptionError
+from graphtrace.io.tensors import ReprSink, SafetensorsSink
+from graphtrace.io.trace_files import prepare_directory
+from graphtrace.model import Trace, TraceMeta
+
+__all__ = ["Session", "Strategy", "Values", "capture", "check_model", "normalize_inputs", "tracing"]
+
+Values = Literal["repr", "safetensors", "none"]
+"""What the trace keeps of each tensor beyond its statistics: repr lines, safetensors files, or nothing."""
+
+Strategy = Literal["auto", "fx", "eager"]
+"""How module calls are captured: torch.fx where trustworthy else forward wrapping, fx only, or wrapping only."""
+
+
+def check_model(model: Any) -> nn.Module:
+    if not isinstance(model, nn.Module):
+        raise InvalidModelError(
+            f"graphtrace traces a torch.nn.Module, got {type(model).__module__}.{type(model).__qualname__}. "
+            "Pass the model object itself (for a pipeline, its .model)."
+        )
+    return model
+
+
+def normalize_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` for a forward: from a mapping of keyword arguments, a tuple of positional ones, a single
+    tensor, or None (no arguments)."""
+    if inputs is None:
+        return (), {}
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,), {}
+    if isinstance(inputs, tuple):
+        return inputs, {}
+    if isinstance(inputs, Mapping):
+        bad = [key for key in inputs if not isinstance(key, str)]
+        if bad:
+            raise InvalidInputsError(
+                f"keyword-argument inputs need string keys; got {bad[0]!r} ({type(bad[0]).__name__}). "
+                "Use the forward's parameter names as keys."
+            )
+        return (), dict(inputs)
+    raise InvalidInputsError(
+        f"inputs of type {type(inputs).__qualname__} cannot be passed to a forward. Pass a dict of keyword "
+        "arguments (e.g. a tokenizer's output), a tuple of positional arguments (e.g. (x,) or ([a, b],)), "
+        "or a single tensor."
+    )
+
+
+def _check_choice(option: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise InvalidOptionError(f"{option}={value!r} is not one of {', '.join(map(repr, allowed))}.")
+
+
+def _check_bool(option: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise InvalidOptionError(f"{option} must be True or False, got {value!r}.")
+
+
+class Session:
+    """A capture in progress; after the ``with`` block, :attr:`trace` holds what was recorded (also on error)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        path: str | os.PathLike[str] | None,
+        values: Values,
+        prune_layers: bool,
+        strategy: Strategy,
+        ops: bool,
+        flat: bool,
+    ) -> None:
+        self.model = model
+        self.directory = prepare_directory(path) if path is not None else None
+        self.values = values
+        self.prune_layers = prune_layers
+        self.strategy = strategy
+        self.ops = ops
+        self.flat = flat
+        self.rank = current_rank()
+        self.recording = self.rank == 0
+        self.trace: Trace | None = None
+        self._sink = self._make_sink()
+        self._recorder = Recorder(self._sink, on_step_start=self._on_step_start)
+        self._ledger = PatchLedger()
+        self._fallbacks: dict[str, str] = {}
+
+    def _make_sink(self) -> ReprSink | SafetensorsSink | None:
+        if self.values == "repr":
+            return ReprSink()
+        if self.values == "safetensors":
+            assert self.directory is not None
+            return SafetensorsSink(self.directory)
+        return None
+
+    def _on_step_start(self, step: int) -> None:
+        if isinstance(self._sink, SafetensorsSink) and not self.flat:
+            assert self.directory is not None
+            self._sink.directory = self.directory / f"step_{step}"
+            self._sink.directory.mkdir(exist_ok=True)
+
+    def __enter__(self) -> Session:
+        if self.recording:
+            try:
+                self._fallbacks = attach(
+                    self.model, self._recorder, self._ledger, strategy=self.strategy, ops=self.ops, root_no_grad=True
+                )
+            except BaseException:
+                self._ledger.restore()
+                raise
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            self._ledger.restore()
+        finally:
+            self.trace = self._build_trace()
+        if self.directory is not None and self.recording:
+            self._settle_step_folders()
+            self.trace.save(self.directory)
+        if exc is not None and self.recording:
+            exc.add_note(self._failure_note())
+
+    def _settle_step_folders(self) -> None:
+        """A session that streamed values into step_0/ and ran one step moves them up into the directory."""
+        assert self.trace is not None and self.directory is not None
+        if self.flat or not isinstance(self._sink, SafetensorsSink) or len(self.trace.steps) != 1:
+            return
+        step0 = self.directory / "step_0"
+        if step0.is_dir():
+            for item in step0.iterdir():
+                shutil.move(str(item), self.directory / item.name)
+            step0.rmdir()
+
+    def _failure_note(self) -> str:
+        assert self.trace is not None
+        failed = self.trace.failed_call()
+        where = f"saved to {self.directory}" if self.directory is not None else "kept in the session's .trace"
+        calls = sum(1 for _ in self.trace.walk())
+        culprit = f"; the call that raised: {failed.id}" if failed is not None else ""
+        return f"graphtrace: partial trace of {calls} calls {where}{culprit}"
+
+    def _build_trace(self) -> Trace:
+        meta = TraceMeta(
+            model_class=type(self.model).__name__,
+            values=self.values,
+            strategy=self.strategy,
+            ops=self.ops,
+            prune_layers=self.prune_layers,
+            rank=self.rank,
+            world_size=world_size(),
+            graphtrace_version=_version(),
+            torch_version=torch.__version__,
+            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        )
+        directory = str(self.directory) if self.directory is not None else None
+        return Trace(steps=tuple(self._recorder.steps), meta=meta, fallbacks=self._fallbacks, directory=directory)
+
+
+def _version() -> str:
+    from graphtrace import __version__
+
+    return __version__
+
+
+@contextmanager
+def tracing(
+    model: nn.Module,
+    *,
+    path: str | os.PathLike[str] | None = None,
+    values: Values = "repr",
+    prune_layers: bool = False,
+    strategy: Strategy = "auto",
+    ops: bool = False,
+) -> Iterator[Session]:
+    """Record every forward call of ``model`` made inside the block (``generate()`` included), one step each.
+
+    With ``path``, the trace is saved there when the block ends (each step in ``step_{i}/`` when there are several).
+    ``values="safetensors"`` streams tensors to ``path`` while the forward runs and needs it.
+    """
+    session = _session(model, path, values, prune_layers, strategy, ops, flat=False)
+    with session:
+        yield session
+
+
+def capture(
+    model: nn.Module,
+    inputs: Any = None,
+    *,
+    path: str | os.PathLike[str] | None = None,
+    values: Values = "repr",
+    prune_layers: bool = False,
+    strategy: Strategy = "auto",
+    ops: bool = False,
+) -> Trace:
+    """Run ``model`` once on ``inputs`` under ``torch.no_grad()`` and return the trace of every module call.
+
+    ``inputs`` is a dict of keyword arguments, a tuple of positional arguments, or a single tensor. With ``path``
+    the trace is also saved there (the transformers files, graphtrace's own file, the call graph). ``values``
+    chooses what FULL_TENSORS holds: ``"repr"`` lines (the default, as transformers), ``"safetensors"`` files
+    streamed to ``path`` during the forward, or ``"none"``. ``prune_layers`` keeps only the first and last of
+    repeated layer blocks, as transformers' ``do_prune_layers``.
+    """
+    args, kwargs = normalize_inputs(inputs)
+    session = _session(model, path, values, prune_layers, strategy, ops, flat=True)
+    with session, torch.no_grad():
+        model(*args, **kwargs)
+    assert session.trace is not None
+    return session.trace
+
+
+def _session(
+    model: Any,
+    path: str | os.PathLike[str] | None,
+    values: Any,
+    prune_layers: Any,
+    strategy: Any,
+    ops: Any,
+    *,
+    flat: bool,
+) -> Session:
+    check_model(model)
+    _check_choice("values", values, get_args(Values))
+    _check_choice("strategy", strategy, get_args(Strategy))
+    _check_bool("prune_layers", prune_layers)
+    _check_bool("ops", ops)
+    if values == "safetensors" and path is None:
+        raise InvalidOptionError(
+            "values='safetensors' streams every tensor to disk while the forward runs, so it needs path=... "
+            "(a directory); or use values='repr'."
+        )
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise InvalidOptionError(f"path must be a directory path (str or os.PathLike), got {type(path).__name__}.")
+    return Session(
+        model, path=path, values=values, prune_layers=prune_layers, strategy=strategy, ops=ops, flat=flat
+    )
+

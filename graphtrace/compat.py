@@ -1,0 +1,91 @@
+"""A drop-in for transformers' ``model_addition_debugger_context``, built on graphtrace's capture and writers.
+
+Same signature, same files: after every top-level forward call inside the block,
+``{debug_path}/{Class}_debug_tree_FULL_TENSORS.json`` and ``..._SUMMARY.json`` are (re)written exactly as
+transformers writes them, and with ``use_repr=False`` one ``.safetensors`` file per tensor. As in transformers,
+each submodule call runs under ``torch.no_grad()`` while the root's own body keeps the caller's grad mode, and only
+rank 0 records.
+
+Where transformers is at fault, this one is not: a module called twice keeps each call's tensors (later calls'
+files are named ``{module_path}@{n}_...``); a keyword argument named ``value`` stays in SUMMARY; a forward that
+raises still writes the calls recorded so far, with the failing call marked; layers pruned by ``do_prune_layers``
+leave no files behind; and on exit every module's ``forward``, the model's attributes and torch's print options are
+exactly as they were.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from graphtrace.api import check_model
+from graphtrace.engine import PatchLedger, Recorder
+from graphtrace.engine.distributed import current_rank
+from graphtrace.engine.eager import attach_eager
+from graphtrace.errors import InvalidOptionError, OutputPathError
+from graphtrace.io.spec_json import write_spec_files
+from graphtrace.io.tensors import ReprSink, SafetensorsSink
+from graphtrace.io.trace_files import prepare_directory, referenced_files
+from graphtrace.model import CallNode, prune_layer_blocks
+
+__all__ = ["model_addition_debugger_context"]
+
+
+@contextmanager
+def model_addition_debugger_context(
+    model: nn.Module,
+    debug_path: str | None = None,
+    do_prune_layers: bool = True,
+    use_repr: bool = True,
+) -> Iterator[nn.Module]:
+    """Trace every forward call of ``model`` inside the block into transformers' debug files; yields the model.
+
+    Args:
+        model: the model to trace.
+        debug_path: directory for the files (created if missing; the current directory when None).
+        do_prune_layers: keep only the first and last of repeated layer blocks in the JSON.
+        use_repr: write tensors as repr lines into FULL_TENSORS (True) or as safetensors files (False).
+    """
+    check_model(model)
+    for option, value in (("do_prune_layers", do_prune_layers), ("use_repr", use_repr)):
+        if not isinstance(value, bool):
+            raise InvalidOptionError(f"{option} must be True or False, got {value!r}.")
+    directory = _debug_directory(debug_path)
+    if current_rank() != 0:  # only rank 0 records; other ranks run the model untouched
+        yield model
+        return
+
+    model_class = type(model).__name__
+    sink = ReprSink() if use_repr else SafetensorsSink(directory)
+
+    def write_step(step: CallNode) -> None:
+        tree = prune_layer_blocks(step) if do_prune_layers else step
+        write_spec_files(tree, directory, model_class)
+        if do_prune_layers:
+            for file in referenced_files(step) - referenced_files(tree):
+                (directory / file).unlink(missing_ok=True)
+
+    recorder = Recorder(sink, on_step=write_step)
+    ledger = PatchLedger()
+    try:
+        attach_eager(model, recorder, ledger, root_no_grad=False)
+        yield model
+    finally:
+        ledger.restore()
+
+
+def _debug_directory(debug_path: Any) -> Path:
+    if debug_path is None:
+        return Path.cwd()
+    if not isinstance(debug_path, (str, os.PathLike)):
+        raise InvalidOptionError(f"debug_path must be a directory path or None, got {type(debug_path).__name__}.")
+    try:
+        return prepare_directory(debug_path, what="debug_path")
+    except OutputPathError as exc:
+        # transformers raises ValueError("Unexpected or existing debug_path=..."); ours is a ValueError too.
+        raise OutputPathError(f"Unexpected or existing debug_path={debug_path}: {exc}") from exc.__cause__
