@@ -1,0 +1,54 @@
+"""The ``graphtrace`` command: ``demo``, ``capture``, ``show``, ``render``, ``diff``.
+
+Each subcommand lives in its own module with ``add_parser(subparsers)``, which sets the function that runs it.
+``show``, ``render`` and ``diff`` read saved traces and never need the model. Exit codes: 0 success, 1 a difference
+found (``diff``), 2 bad input (a message on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from graphtrace.errors import GraphtraceError
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_DIFFERENT, EXIT_BAD_INPUT = 0, 1, 2
+
+_SUBCOMMANDS = ("demo", "capture", "show", "render", "diff")
+
+
+def _parser() -> argparse.ArgumentParser:
+    from graphtrace import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="graphtrace",
+        description="Record what happens inside a PyTorch model's forward pass, module by module.",
+    )
+    parser.add_argument("--version", action="version", version=f"graphtrace {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    import importlib
+
+    for name in _SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"graphtrace.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"graphtrace.cli.{name}":
+                raise
+            continue
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or EXIT_OK)
+    except GraphtraceError as exc:
+        print(f"graphtrace {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:  # output piped into head or less that closed early
+        return EXIT_OK

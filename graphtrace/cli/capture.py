@@ -1,0 +1,72 @@
+"""``graphtrace capture TARGET``: trace a model built by a factory function of yours."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from graphtrace.cli.common import add_capture_options, capture_with_options, describe_files, trace_summary
+from graphtrace.errors import InvalidOptionError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "capture",
+        help="trace a model built by your factory function",
+        description=(
+            "Trace the model that TARGET builds. TARGET is 'package.module:function' or 'path/to/file.py:function'; "
+            "the function takes no arguments and returns (model, inputs), inputs being a dict of keyword "
+            "arguments, a tuple of positional arguments or a tensor."
+        ),
+    )
+    parser.add_argument("target", metavar="TARGET", help="module:function or file.py:function returning (model, inputs)")
+    parser.add_argument("-o", "--output", required=True, help="directory for the trace files")
+    add_capture_options(parser)
+    parser.set_defaults(run=run)
+
+
+def load_factory(target: str) -> Any:
+    """The callable named by ``module:function`` or ``file.py:function``."""
+    location, sep, name = target.rpartition(":")
+    if not sep or not location or not name:
+        raise InvalidOptionError(f"TARGET {target!r} must look like 'package.module:function' or 'file.py:function'.")
+    if location.endswith(".py"):
+        path = Path(location)
+        if not path.is_file():
+            raise InvalidOptionError(f"TARGET file {location!r} does not exist.")
+        spec = importlib.util.spec_from_file_location(f"graphtrace_target_{path.stem}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(path.parent.resolve()))
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.pop(0)
+    else:
+        try:
+            module = importlib.import_module(location)
+        except ModuleNotFoundError as exc:
+            raise InvalidOptionError(f"cannot import {location!r} for TARGET {target!r}: {exc}") from exc
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise InvalidOptionError(f"{location!r} has no function {name!r} (TARGET {target!r}).")
+    return factory
+
+
+def run(args: argparse.Namespace) -> int:
+    built = load_factory(args.target)()
+    if not (isinstance(built, tuple) and len(built) == 2):
+        raise InvalidOptionError(
+            f"{args.target} returned {type(built).__name__}; it must return a (model, inputs) pair."
+        )
+    model, inputs = built
+    started = time.perf_counter()
+    trace = capture_with_options(model, inputs, args)
+    print(f"graphtrace capture: traced {trace_summary(trace)} in {time.perf_counter() - started:.2f} s")
+    print(describe_files(Path(args.output)))
+    return 0

@@ -1,0 +1,80 @@
+"""Pieces shared by the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from graphtrace.model import Trace
+
+_FILE_ROLES = {
+    "_debug_tree_SUMMARY.json": "shapes and statistics of every call (transformers format)",
+    "_debug_tree_FULL_TENSORS.json": "the same with tensor values (transformers format)",
+    "_graphtrace.json": "graphtrace's own trace, for show / render / diff",
+    "_call_graph.svg": "the call graph",
+    "_call_graph.dot": "the call graph's Graphviz source",
+}
+
+
+def add_capture_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--values",
+        choices=("repr", "safetensors", "none"),
+        default="repr",
+        help="what FULL_TENSORS holds: repr lines (default), one safetensors file per tensor, or nothing",
+    )
+    parser.add_argument(
+        "--prune-layers", action="store_true", help="keep only the first and last of repeated layer blocks"
+    )
+    parser.add_argument(
+        "--strategy",
+        choices=("auto", "fx", "eager"),
+        default="auto",
+        help="capture through torch.fx where trustworthy (auto), fx only, or forward wrapping only",
+    )
+    parser.add_argument("--ops", action="store_true", help="also record functional ops inside fx-traced modules")
+
+
+def capture_with_options(model: object, inputs: object, args: argparse.Namespace) -> Trace:
+    """``graphtrace.capture`` with the options of :func:`add_capture_options`, saving into ``args.output``."""
+    from graphtrace.api import capture
+
+    return capture(
+        model,  # type: ignore[arg-type]
+        inputs,
+        path=args.output,
+        values=args.values,
+        prune_layers=args.prune_layers,
+        strategy=args.strategy,
+        ops=args.ops,
+    )
+
+
+def trace_summary(trace: Trace) -> str:
+    """One line: model, forward calls, module calls."""
+    calls = sum(1 for node in trace.walk() if node.kind == "module")
+    steps = len(trace.steps)
+    return f"{trace.meta.model_class} ({steps} forward call{'s' if steps != 1 else ''}, {calls} module calls)"
+
+
+def _size(path: Path) -> str:
+    size = float(path.stat().st_size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return ""
+
+
+def describe_files(directory: Path) -> str:
+    """The trace files in ``directory``, with sizes and what each is for."""
+    lines = [f"wrote {directory}/"]
+    tensors = sorted(directory.rglob("*.safetensors"))
+    for path in sorted(directory.iterdir()):
+        role = next((text for suffix, text in _FILE_ROLES.items() if path.name.endswith(suffix)), None)
+        if role is not None:
+            lines.append(f"  {path.name:<48} {_size(path):>9}  {role}")
+    if tensors:
+        total = sum(path.stat().st_size for path in tensors)
+        lines.append(f"  {len(tensors)} .safetensors files, {total / 2**20:.1f} MB in all")
+    return "\n".join(lines)
