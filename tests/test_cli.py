@@ -1,0 +1,52 @@
+"""The command line, run as a user runs it: a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def graphtrace(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "graphtrace", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_demo_writes_the_trace_and_says_where(tmp_path: Path) -> None:
+    result = graphtrace("demo", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out_dir = tmp_path / "graphtrace-demo"
+    for suffix in ("_debug_tree_SUMMARY.json", "_debug_tree_FULL_TENSORS.json", "_graphtrace.json"):
+        assert (out_dir / f"DemoTransformer{suffix}").is_file()
+        assert f"DemoTransformer{suffix}" in result.stdout
+    assert "wrote graphtrace-demo/" in result.stdout and "4 layers" not in result.stderr
+    assert "module calls" in result.stdout
+
+    shown = graphtrace("show", "graphtrace-demo", "--depth", "1", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "layers.3 (DecoderLayer) -> [1, 12, 64] float32" in shown.stdout
+    assert "q_proj" not in shown.stdout  # below the depth limit
+
+
+def test_bad_input_exits_2_with_a_message(tmp_path: Path) -> None:
+    result = graphtrace("show", "nowhere", cwd=tmp_path)
+    assert result.returncode == 2 and "error: no trace at 'nowhere'" in result.stderr and "Traceback" not in result.stderr
+    result = graphtrace("capture", "not-a-target", "-o", "out", cwd=tmp_path)
+    assert result.returncode == 2 and "must look like" in result.stderr
+
+
+def test_capture_a_model_from_a_factory_file(tmp_path: Path) -> None:
+    (tmp_path / "factory.py").write_text(
+        "import torch\n"
+        "def build():\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU()), torch.ones(1, 3)\n"
+    )
+    result = graphtrace("capture", "factory.py:build", "-o", "out", "--values", "safetensors", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out" / "Sequential_debug_tree_SUMMARY.json").is_file()
+    assert (tmp_path / "out" / "Sequential.0_outputs.safetensors").is_file()
