@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     calls = sum(1 for _ in trace.walk())
     meta = trace.meta
     print(f"{meta.model_class}: {len(trace.steps)} forward call(s), {calls} calls, captured with {meta.strategy}")
+    print(f"coverage: {trace.coverage()}")
     steps = list(enumerate(trace.steps))
     if args.step is not None:
         steps = [steps[args.step]]
