@@ -18,6 +18,7 @@ restored), so nothing has changed when it is raised.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -171,8 +172,9 @@ def _plain(value: Any) -> type:
 
 
 def difference(replayed: Any, actual: Any, where: str = "") -> str | None:
-    """None when ``replayed`` equals ``actual`` bit for bit (tensors), by value (scalars, compared through their
-    repr so that 0.0 and -0.0 differ) or by identity (any other object); else where they first differ."""
+    """None when ``replayed`` equals ``actual`` bit for bit (tensors), item for item (sequences, mappings,
+    dataclasses of the same type), by value (scalars, compared through their repr so that 0.0 and -0.0 differ) or by
+    identity (any other object); else where they first differ."""
     if isinstance(replayed, torch.Tensor) or isinstance(actual, torch.Tensor):
         if isinstance(replayed, torch.Tensor) and isinstance(actual, torch.Tensor) and _same_bits(replayed, actual):
             return None
@@ -196,6 +198,12 @@ def difference(replayed: Any, actual: Any, where: str = "") -> str | None:
                 return found
         return None
     if replayed is actual:
+        return None
+    if dataclasses.is_dataclass(actual) and not isinstance(actual, type):
+        for item in dataclasses.fields(actual):
+            found = difference(getattr(replayed, item.name), getattr(actual, item.name), f"{where}.{item.name}")
+            if found:
+                return found
         return None
     if isinstance(actual, (bool, int, float, complex, str, bytes)) or actual is None:
         same = repr(replayed) == repr(actual) or (

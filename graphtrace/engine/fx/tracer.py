@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.fx.node import map_aggregate
 from torch.utils._python_dispatch import _disable_current_modes
 
@@ -213,6 +214,9 @@ class _MetaProxy(fx.Proxy):
             return
         raise fx.proxy.TraceError(f"assigns attribute {name!r} on a traced value, which torch.fx cannot record")
 
+    def __setitem__(self, key: Any, value: Any) -> None:  # ``x[mask] = 0``: fx records no node for it
+        self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
+
     def _length(self) -> int | None:
         meta = self.node.meta.get(META, UNKNOWN)
         if isinstance(meta, torch.Tensor):
@@ -243,6 +247,22 @@ class _MetaProxy(fx.Proxy):
             if index < len(instructions) and instructions[index].opname == "UNPACK_SEQUENCE":
                 return (self[i] for i in range(instructions[index].argval))
         return self.tracer.iter(self)
+
+
+def _define_inplace(name: str) -> None:
+    """``x += y`` on a proxy: fx would record ``x + y`` (Python's fallback), a new tensor where the forward writes
+    into ``x``; record the in-place operator itself so that the replay does what the forward does."""
+    target = getattr(operator, name)
+
+    def inplace(self: _MetaProxy, other: Any) -> Any:
+        return self.tracer.create_proxy("call_function", target, (self, other), {})
+
+    setattr(_MetaProxy, f"__{name}__", inplace)
+
+
+for _name in ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "iand", "ior", "ixor", "ilshift",
+              "irshift", "imatmul"):
+    _define_inplace(_name)
 
 
 class _ModuleTracer(fx.Tracer):
@@ -455,19 +475,42 @@ def _is_dataclass(value: Any) -> bool:
 # -- the trace and its checks -----------------------------------------------------------------------------------------
 
 
-def _snapshot(module: nn.Module) -> list[tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]]:
+_Snapshot = list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]
+
+
+def _snapshot(module: nn.Module) -> _Snapshot:
+    """The attributes of every module in the tree, and the contents of those that are containers (parameters,
+    buffers, submodules, hooks: registering a hook changes a dict in place)."""
     states = []
     for sub in module.modules():
         state = sub.__dict__
-        registries = {name: dict(state[name]) for name in ("_parameters", "_buffers", "_modules") if name in state}
-        states.append((state, dict(state), registries))
+        contents = {name: _copy_container(value) for name, value in state.items() if _is_container(value)}
+        states.append((state, dict(state), contents))
     return states
 
 
-def _restore(states: list[tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]]) -> str | None:
-    """Put back every attribute the trace changed on the module tree; the name of the first one changed, if any."""
+def _is_container(value: Any) -> bool:
+    return isinstance(value, (dict, list, set)) and not isinstance(value, (immutable_dict, immutable_list))
+
+
+def _copy_container(value: Any) -> Any:
+    return list(value.items()) if isinstance(value, dict) else list(value) if isinstance(value, list) else set(value)
+
+
+def _same_contents(value: Any, saved: Any) -> bool:
+    if isinstance(value, set):
+        return value == saved
+    current = list(value.items()) if isinstance(value, dict) else list(value)
+    return len(current) == len(saved) and all(
+        (a[0] == b[0] and a[1] is b[1]) if isinstance(value, dict) else a is b for a, b in zip(current, saved)
+    )
+
+
+def _restore(states: _Snapshot) -> str | None:
+    """Put back every attribute the trace changed on the module tree, container contents included; the name of the
+    first one changed, if any."""
     changed = None
-    for state, saved, registries in states:
+    for state, saved, contents in states:
         for name in set(state) | set(saved):
             if name not in saved or name not in state or state[name] is not saved[name]:
                 changed = changed or name
@@ -475,12 +518,17 @@ def _restore(states: list[tuple[dict[str, Any], dict[str, Any], dict[str, dict[s
                     state[name] = saved[name]
                 else:
                     del state[name]
-        for name, saved_items in registries.items():
-            live = state[name]
-            if live.keys() != saved_items.keys() or any(live[k] is not v for k, v in saved_items.items()):
-                changed = changed or next(iter(set(live) ^ set(saved_items)), name)
-                live.clear()
-                live.update(saved_items)
+        for name, items in contents.items():
+            container = state[name]
+            if not _same_contents(container, items):
+                changed = changed or name
+                container.clear()
+                if isinstance(container, dict):
+                    container.update(items)
+                elif isinstance(container, list):
+                    container.extend(items)
+                else:
+                    container.update(items)
     return changed
 
 
@@ -526,7 +574,7 @@ def trace_module(module: nn.Module, forward: Callable[..., Any], call: Signature
         return _impure_node(tracer.graph) or describe_error(exc)
     changed = _restore(states)
     if changed is not None:
-        return f"SideEffect: the forward sets {changed!r} on a module, which a graph cannot replay"
+        return f"SideEffect: tracing the forward changes {changed!r} of a module (put back), which a graph cannot replay"
     impure = _impure_node(graph)
     if impure is not None:
         return impure
