@@ -80,3 +80,13 @@ def check_auto_equals_eager(model: torch.nn.Module, inputs: dict[str, Any]) -> T
             assert node.path in auto.fallbacks, node.id  # every eager call says why
     assert all(REASON.match(reason) for reason in auto.fallbacks.values()), auto.fallbacks
     return auto
+
+
+def check_zoo_model(name: str, fx_at_least: int) -> Trace:
+    """:func:`check_auto_equals_eager` on a zoo model, and fx serves at least ``fx_at_least`` of its module calls."""
+    from tests.zoo import FX_ZOO
+
+    model, inputs = FX_ZOO[name]()
+    trace = check_auto_equals_eager(model, inputs)
+    assert trace.coverage().fx >= fx_at_least, trace.coverage()
+    return trace

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fx_equivalence import check_auto_equals_eager
-from tests.zoo import FX_ZOO
+from tests.fx_equivalence import check_zoo_model
 
 # The fewest module calls fx serves per model today (a regression guard; more is welcome). With the default
 # use_cache=True the attention modules call the cache's update() and the model body builds the cache: those stay eager.
@@ -16,6 +15,4 @@ FX_SERVED_AT_LEAST = {
 
 @pytest.mark.parametrize("name", list(FX_SERVED_AT_LEAST))
 def test_auto_equals_eager(name: str) -> None:
-    model, inputs = FX_ZOO[name]()
-    trace = check_auto_equals_eager(model, inputs)
-    assert trace.coverage().fx >= FX_SERVED_AT_LEAST[name], trace.coverage()
+    check_zoo_model(name, FX_SERVED_AT_LEAST[name])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import graphtrace
-from tests.fx_equivalence import check_auto_equals_eager
+from tests.fx_equivalence import check_zoo_model
 from tests.zoo import FX_ZOO
 
 # The fewest module calls fx serves per model today (a regression guard; more is welcome). The BERT family's model
@@ -16,9 +16,7 @@ FX_SERVED_AT_LEAST = {"bert": 61, "roberta": 61, "distilbert": 45, "t5": 130, "b
 
 @pytest.mark.parametrize("name", list(FX_SERVED_AT_LEAST))
 def test_auto_equals_eager(name: str) -> None:
-    model, inputs = FX_ZOO[name]()
-    trace = check_auto_equals_eager(model, inputs)
-    assert trace.coverage().fx >= FX_SERVED_AT_LEAST[name], trace.coverage()
+    check_zoo_model(name, FX_SERVED_AT_LEAST[name])
 
 
 def test_a_mask_built_another_way_while_traced_is_caught() -> None:

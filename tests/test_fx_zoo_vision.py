@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fx_equivalence import check_auto_equals_eager
+from tests.fx_equivalence import check_auto_equals_eager, check_zoo_model
 from tests.zoo import FX_ZOO
 
 # The fewest module calls fx serves per model today (a regression guard; more is welcome).
@@ -17,9 +17,7 @@ FX_SERVED_AT_LEAST = {
 
 @pytest.mark.parametrize("name", list(FX_SERVED_AT_LEAST))
 def test_auto_equals_eager(name: str) -> None:
-    model, inputs = FX_ZOO[name]()
-    trace = check_auto_equals_eager(model, inputs)
-    assert trace.coverage().fx >= FX_SERVED_AT_LEAST[name], trace.coverage()
+    check_zoo_model(name, FX_SERVED_AT_LEAST[name])
 
 
 def test_data_dependent_control_flow_keeps_the_root_eager() -> None:

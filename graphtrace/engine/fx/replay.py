@@ -100,7 +100,8 @@ class Replay(fx.Interpreter):
         self.plan = plan
         self.recorder = recorder
         self.frame = frame
-        self.ops_path = ops_path if ops_path is not None and plan.own_ops > 1 else None
+        # a leaf module whose whole body is one op (Linear, LayerNorm, ...) is that op: no record of it twice
+        self.ops_path = ops_path if ops_path is not None and (plan.own_ops > 1 or not frame.leaf) else None
         self.failure: str | None = None
         self.guard = ReplayGuard()
         self._sources: dict[fx.Node, tuple[str, ...]] = {}
