@@ -371,3 +371,14 @@ def test_generate_under_auto_equals_eager() -> None:
     for auto_step, eager_step in zip(auto.steps, eager.steps, strict=True):
         assert module_tree(auto_step) == module_tree(eager_step)
     assert auto.coverage().fx > 0.8 * auto.coverage().module_calls
+
+
+def test_autocast_around_capture_reaches_the_replay_too() -> None:
+    model, inputs = demo_model(), demo_inputs()
+    traces = {}
+    for strategy in ("eager", "auto"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            traces[strategy] = graphtrace.capture(model, inputs, strategy=strategy)  # type: ignore[arg-type]
+    assert module_tree(traces["auto"].root) == module_tree(traces["eager"].root)
+    assert traces["auto"].find("DemoTransformer.layers.0.attn.q_proj").outputs.dtype == "torch.bfloat16"
+    assert traces["auto"].coverage().fx == traces["auto"].coverage().module_calls

@@ -37,7 +37,11 @@ from graphtrace.engine.fx.tracer import (
 )
 from graphtrace.engine.recorder import Frame, Recorder
 
-__all__ = ["FxEngine", "attach_fx"]
+__all__ = ["PLANS_PER_MODULE", "FxEngine", "attach_fx"]
+
+PLANS_PER_MODULE = 8
+"""Plans kept per module, oldest dropped first: a plan holds the constants its trace created (a causal mask of the
+sequence's length), and shape-specialised plans of a growing sequence are never needed again."""
 
 
 class FxEngine:
@@ -119,6 +123,8 @@ class FxEngine:
                 plan = trace_module(module, forward, call, self._context)
             finally:
                 self._tracing -= 1
+            if len(plans) >= PLANS_PER_MODULE:  # shapes that change every call (generate without a cache)
+                del plans[next(iter(plans))]
             plans[call.key] = plan
         return plan
 

@@ -27,9 +27,12 @@ import bisect
 import dis
 import enum
 import inspect
+import logging
 import math
 import operator
-from collections.abc import Callable, Hashable, Mapping
+import warnings
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -532,6 +535,26 @@ def _restore(states: _Snapshot) -> str | None:
     return changed
 
 
+class _DropRecords(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence what only tracing says: Python warnings about traced values, and the fake-tensor log of ops without
+    a shape rule (their metadata is then unknown, which is not an error). Filters are put back on exit."""
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    drop = _DropRecords()
+    fake_log.addFilter(drop)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        fake_log.removeFilter(drop)
+
+
 def _impure_node(graph: fx.Graph) -> str | None:
     """``"Refused: ..."`` for the first node a replay could not run without repeating a Python side effect, as far as
     the trace-time values tell (the replay checks the rest)."""
@@ -566,7 +589,7 @@ def trace_module(module: nn.Module, forward: Callable[..., Any], call: Signature
     tracer = _ModuleTracer(forward, call, context)
     states = _snapshot(module)
     try:
-        with TraceGuard():
+        with _quiet(), TraceGuard():
             graph = tracer.trace(module)
     except Exception as exc:
         _restore(states)
