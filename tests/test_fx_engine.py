@@ -64,6 +64,20 @@ class UsesCache(nn.Module):
         return cache.update(x * 2)[-1:]
 
 
+class HoldsTensors:
+    def __init__(self) -> None:
+        self.tensors = [torch.zeros(4)]
+
+
+class WritesIntoWhatItHolds(nn.Module):
+    """Reads a tensor out of an object it was given and writes into it: the replay must not write again."""
+
+    def forward(self, x: torch.Tensor, holder: HoldsTensors) -> torch.Tensor:
+        kept = holder.tensors[0]
+        kept.add_(1)
+        return x + kept
+
+
 class ScalesItsInput(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x.mul_(2)
@@ -112,6 +126,13 @@ def test_a_cache_argument_is_updated_once_per_call() -> None:
     assert len(cache.items) == 1
     assert _reason(trace, "inner") == "Refused: calls ListCache.update, which a replay would repeat"
     assert trace.find("Wrapper").strategy == "fx"  # passing the cache along is fine
+
+
+def test_a_tensor_read_out_of_an_argument_is_written_once() -> None:
+    holder = HoldsTensors()
+    trace = graphtrace.capture(Wrapper(WritesIntoWhatItHolds()), (torch.ones(1, 4), holder))
+    assert torch.equal(holder.tensors[0], torch.ones(4))
+    assert _reason(trace, "inner").startswith("Refused: writes in place into a tensor it did not create (aten::add_")
 
 
 def test_an_input_scaled_in_place_is_scaled_once() -> None:

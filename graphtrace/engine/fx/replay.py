@@ -82,8 +82,9 @@ class Replay(fx.Interpreter):
     """One call of a module, replayed from its :class:`Plan` in lockstep with the real call (see module docs).
 
     ``ops_path`` is the prefix of the op records' paths (``{module path}#``, recorded as ``{prefix}{node name}``)
-    when the module's own operations are to be recorded, else None. The driver calls :meth:`child_call`, :meth:`child_begun` and :meth:`child_returned` around each child
-    call of the real forward, then :meth:`finish` with its output; :attr:`failure` says why verification failed.
+    when the module's own operations are to be recorded, else None. The driver calls :meth:`child_call`,
+    :meth:`child_begun` and :meth:`child_returned` around each child call of the real forward, then :meth:`finish`
+    with its output; :attr:`failure` says why verification failed.
     """
 
     def __init__(
@@ -223,6 +224,7 @@ class Replay(fx.Interpreter):
     def _run(self, inputs: list[Any]) -> Generator[_Call | _Return, Any, None]:
         values = iter(inputs)
         env, sources, guard = self.env, self._sources, self.guard
+        external: set[fx.Node] = set()
         for node in self.graph.nodes:
             op = node.op
             if op == "placeholder":
@@ -245,7 +247,8 @@ class Replay(fx.Interpreter):
                 return
             else:
                 value = self._run_op(node)
-            if op != "call_function" and op != "call_method":
+            if (op != "call_function" and op != "call_method") or _reads_from(node, external):
+                external.add(node)  # a value the real call can see, not one the replay made
                 guard.protect(value)
             env[node] = value
             for used in self.plan.last_uses.get(node, ()):
@@ -277,6 +280,14 @@ class Replay(fx.Interpreter):
         recorder.end(frame, value)
         self._sources[node] = (frame.id,)
         return value
+
+
+def _reads_from(node: fx.Node, external: set[fx.Node]) -> bool:
+    """An attribute or item read out of a value the real call can see (``past_key_values.layers[0].keys``, a child's
+    output tuple): what it returns is not the replay's own either."""
+    return node.target in STRUCTURAL_OPS and bool(node.args) and isinstance(node.args[0], fx.Node) and (
+        node.args[0] in external
+    )
 
 
 def _computes_tensor(node: fx.Node, args: tuple[Any, ...]) -> bool:
