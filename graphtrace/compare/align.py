@@ -1,0 +1,264 @@
+"""Which call of trace B corresponds to which call of trace A.
+
+Three ways, tried in this order (``mode="auto"``):
+
+1. **path**: the same module path relative to the model (``model.layers.1.mlp`` in both) and the same call index;
+2. **rule**: A's path renamed by the user's rules (:mod:`graphtrace.compare.rules`) names a call of B;
+3. **structure**: the calls still unmatched are aligned by execution order, in the gaps between the calls matched
+   so far. Two calls can pair when they are of the same kind, both leaves or both containers, and take and return
+   tensors of the same shapes; among such pairings the alignment keeps the most, and prefers pairs of the same
+   module type and pairs whose statistics agree. Ties go to the earliest call, so that a module followed by a
+   no-op (a dropout in eval mode) pairs with the module.
+
+``mode="path"`` stops after rules; ``mode="structure"`` aligns everything but the two roots by structure.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from graphtrace.compare.measure import Tolerance, stats_close
+from graphtrace.compare.rules import RenameRule, apply_rules
+from graphtrace.model import CallNode, TensorRecord
+
+__all__ = ["AlignMode", "Alignment", "Match", "MatchKind", "align_calls", "relative_path", "returned_order"]
+
+AlignMode = Literal["auto", "path", "structure"]
+MatchKind = Literal["path", "rule", "structure"]
+
+DP_CELL_LIMIT = 4_000_000
+"""Above this many pairs in one gap, structural alignment pairs greedily instead of optimally."""
+
+_GREEDY_WINDOW = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """Call ``a`` of trace A corresponds to call ``b`` of trace B; ``how`` says why."""
+
+    a: CallNode
+    b: CallNode
+    how: MatchKind
+
+
+@dataclass(frozen=True, slots=True)
+class Alignment:
+    """The matches of one step, in A's execution order, and the calls left unmatched on each side."""
+
+    matches: tuple[Match, ...]
+    only_a: tuple[CallNode, ...]
+    only_b: tuple[CallNode, ...]
+
+
+def relative_path(node: CallNode, root: CallNode) -> str:
+    """``node``'s path without the model's class name: ``model.layers.0`` (the root itself is ``""``)."""
+    if node.path == root.path:
+        return ""
+    prefix = root.path + "."
+    return node.path[len(prefix) :] if node.path.startswith(prefix) else node.path
+
+
+def returned_order(node: CallNode) -> Iterator[CallNode]:
+    """``node`` and the calls below it in the order they returned: children before their parent."""
+    for child in node.children:
+        yield from returned_order(child)
+    yield node
+
+
+# -- by path and by rule -------------------------------------------------------------------------------------------
+
+
+def _by_path(
+    a_calls: Sequence[CallNode],
+    b_root: CallNode,
+    b_calls: Sequence[CallNode],
+    a_root: CallNode,
+    rules: Sequence[RenameRule],
+    used: set[RenameRule],
+) -> dict[int, tuple[int, MatchKind]]:
+    """A's position -> (B's position, how) for every call whose (renamed) path and index exist in B."""
+    b_index = {(relative_path(node, b_root), node.index): j for j, node in enumerate(b_calls)}
+    found: dict[int, tuple[int, MatchKind]] = {}
+    taken: set[int] = set()
+    for i, node in enumerate(a_calls):
+        path = relative_path(node, a_root)
+        renamed = apply_rules(rules, path, used)
+        j = b_index.get((renamed, node.index))
+        if j is not None and j not in taken:
+            found[i] = (j, "path" if renamed == path else "rule")
+            taken.add(j)
+    return found
+
+
+# -- by structure --------------------------------------------------------------------------------------------------
+
+
+def _first_tensor(items: Iterator[tuple[str, TensorRecord]]) -> TensorRecord | None:
+    return next((record for _, record in items), None)
+
+
+class _Signature:
+    """What structural alignment looks at in one call."""
+
+    __slots__ = ("node", "key", "first_out", "out_shapes", "n_inputs", "probe")
+
+    def __init__(self, node: CallNode) -> None:
+        self.node = node
+        inputs = [record for _, record in node.input_tensors()]
+        first_in = inputs[0].shape if inputs else None
+        self.key = (node.kind, node.leaf, first_in)
+        self.n_inputs = len(inputs)
+        if node.outputs is None:  # a container in transformers' format, or a call that raised: outputs unknown
+            self.first_out: TensorRecord | None = None
+            self.out_shapes: tuple[tuple[int, ...], ...] | None = None
+        else:
+            outputs = [record for _, record in node.output_tensors()]
+            self.first_out = outputs[0] if outputs else None
+            self.out_shapes = tuple(record.shape for record in outputs)
+        # the tensor whose statistics tell two candidate pairings apart
+        self.probe = self.first_out if self.first_out is not None else (inputs[0] if inputs else None)
+
+
+def _score(x: _Signature, y: _Signature, tolerance: Tolerance) -> int:
+    """How well two calls of the same key pair (0: they cannot)."""
+    if x.out_shapes is not None and y.out_shapes is not None:
+        first_x = x.first_out.shape if x.first_out is not None else None
+        first_y = y.first_out.shape if y.first_out is not None else None
+        if first_x != first_y:
+            return 0
+    score = 8
+    if x.node.type_name and x.node.type_name == y.node.type_name:
+        score += 4
+    if x.out_shapes is not None and x.out_shapes == y.out_shapes:
+        score += 1
+    if x.n_inputs == y.n_inputs:
+        score += 1
+    if x.probe is not None and y.probe is not None:
+        rtol, atol = tolerance.for_dtypes(x.probe.dtype, y.probe.dtype)
+        if stats_close(x.probe, y.probe, rtol, atol):
+            score += 2
+    return score
+
+
+def _scores(xs: Sequence[_Signature], ys: Sequence[_Signature], tolerance: Tolerance) -> list[dict[int, int]]:
+    """For each x, the ys it can pair with and how well (sparse: most pairs cannot)."""
+    by_key: dict[tuple[object, ...], list[int]] = defaultdict(list)
+    for j, y in enumerate(ys):
+        by_key[y.key].append(j)
+    table = []
+    for x in xs:
+        row = {}
+        for j in by_key.get(x.key, ()):
+            score = _score(x, ys[j], tolerance)
+            if score:
+                row[j] = score
+        table.append(row)
+    return table
+
+
+def _optimal_pairs(table: list[dict[int, int]], m: int) -> list[tuple[int, int]]:
+    """The order-preserving pairing of the highest total score; ties pair the earliest calls."""
+    n = len(table)
+    rows: list[list[int]] = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        row, below, scores = rows[i], rows[i + 1], table[i]
+        for j in range(m - 1, -1, -1):
+            best = row[j + 1] if row[j + 1] > below[j] else below[j]
+            score = scores.get(j)
+            if score is not None and score + below[j + 1] >= best:
+                best = score + below[j + 1]
+            row[j] = best
+    pairs, i, j = [], 0, 0
+    while i < n and j < m:
+        score = table[i].get(j)
+        if score is not None and rows[i][j] == score + rows[i + 1][j + 1]:
+            pairs.append((i, j))
+            i, j = i + 1, j + 1
+        elif rows[i][j] == rows[i + 1][j]:
+            i += 1
+        else:
+            j += 1
+    return pairs
+
+
+def _greedy_pairs(table: list[dict[int, int]], m: int) -> list[tuple[int, int]]:
+    """Each x pairs with the first free y it can within a window ahead (for gaps too large to align optimally)."""
+    pairs, start = [], 0
+    for i, row in enumerate(table):
+        candidates = [j for j in row if start <= j < start + _GREEDY_WINDOW]
+        if candidates:
+            j = min(candidates)
+            pairs.append((i, j))
+            start = j + 1
+    return pairs
+
+
+def _by_structure(xs: Sequence[_Signature], ys: Sequence[_Signature], tolerance: Tolerance) -> list[tuple[int, int]]:
+    if not xs or not ys:
+        return []
+    table = _scores(xs, ys, tolerance)
+    if len(xs) * len(ys) > DP_CELL_LIMIT:
+        return _greedy_pairs(table, len(ys))
+    return _optimal_pairs(table, len(ys))
+
+
+def _monotone_chain(anchors: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The longest run of anchors (sorted by A position) whose B positions increase too."""
+    tails: list[int] = []
+    tail_at: list[int] = []
+    parent = [-1] * len(anchors)
+    for k, (_, j) in enumerate(anchors):
+        pos = bisect.bisect_left(tails, j)
+        if pos == len(tails):
+            tails.append(j)
+            tail_at.append(k)
+        else:
+            tails[pos] = j
+            tail_at[pos] = k
+        parent[k] = tail_at[pos - 1] if pos else -1
+    chain, k = [], tail_at[-1] if tail_at else -1
+    while k >= 0:
+        chain.append(anchors[k])
+        k = parent[k]
+    return chain[::-1]
+
+
+def align_calls(
+    a_root: CallNode,
+    b_root: CallNode,
+    *,
+    rules: Sequence[RenameRule] = (),
+    mode: AlignMode = "auto",
+    tolerance: Tolerance = Tolerance(),
+    used_rules: set[RenameRule] | None = None,
+) -> Alignment:
+    """Match the calls of two steps (see the module docstring); the roots always match each other."""
+    a_calls, b_calls = list(a_root.walk()), list(b_root.walk())
+    used = used_rules if used_rules is not None else set()
+    if mode == "structure":
+        found: dict[int, tuple[int, MatchKind]] = {0: (0, "path")}
+    else:
+        found = _by_path(a_calls, b_root, b_calls, a_root, rules, used)
+        found[0] = (0, "path")
+    if mode != "path":
+        anchors = sorted((i, j) for i, (j, _) in found.items())
+        chain = _monotone_chain(anchors) + [(len(a_calls), len(b_calls))]
+        matched_b = {j for j, _ in found.values()}
+        for (i0, j0), (i1, j1) in zip(chain, chain[1:]):
+            gap_a = [i for i in range(i0 + 1, i1) if i not in found]
+            gap_b = [j for j in range(j0 + 1, j1) if j not in matched_b]
+            xs = [_Signature(a_calls[i]) for i in gap_a]
+            ys = [_Signature(b_calls[j]) for j in gap_b]
+            for x, y in _by_structure(xs, ys, tolerance):
+                found[gap_a[x]] = (gap_b[y], "structure")
+    matches = tuple(Match(a_calls[i], b_calls[j], how) for i, (j, how) in sorted(found.items()))
+    taken_b = {j for j, _ in found.values()}
+    return Alignment(
+        matches=matches,
+        only_a=tuple(node for i, node in enumerate(a_calls) if i not in found),
+        only_b=tuple(node for j, node in enumerate(b_calls) if j not in taken_b),
+    )
