@@ -10,9 +10,10 @@ import pytest
 import torch
 
 import graphtrace
-from graphtrace.compare import Comparison
+from graphtrace.compare import Comparison, align
 from graphtrace.compare.rules import apply_rules, parse_rule, parse_rules
 from graphtrace.errors import InvalidOptionError
+from graphtrace.model import CallNode, Stats, TensorRecord
 from tests.gpt2_port import GPT2_ONLY, GPT2_RULES, port_of
 from tests.zoo import gpt2
 
@@ -128,3 +129,37 @@ def test_bad_rules_are_named_with_the_remedy(rule: str, message: str) -> None:
         parse_rule(rule)
     with pytest.raises(ValueError):  # an InvalidOptionError is a ValueError
         graphtrace.compare("unused-a", "unused-b", rules=[rule])
+
+
+# -- large gaps: banded and windowed alignment -----------------------------------------------------------------------
+
+
+def _flat(root: str, prefix: str, leaves: int, extra_every: int = 0) -> CallNode:
+    """Linear layers in a row (with a dropout after every n-th one): the statistics differ from layer to layer."""
+
+    def tensor(seed: int) -> TensorRecord:
+        return TensorRecord(shape=(1, 8), dtype="torch.float32", stats=Stats(seed * 1e-3, 1.0, -2.0, 2.0))
+
+    children = []
+    for i in range(leaves):
+        children.append(CallNode(path=f"{root}.{prefix}{i}", type_name="Linear", args=(tensor(i),), outputs=tensor(i + 1)))
+        if extra_every and i % extra_every == 0:
+            children.append(CallNode(path=f"{root}.drop{i}", type_name="Dropout", args=(tensor(i + 1),),
+                                     outputs=tensor(i + 1)))
+    return CallNode(path=root, leaf=False, args=(tensor(0),), outputs=tensor(leaves), children=tuple(children))
+
+
+@pytest.mark.parametrize("regime", ["exact", "banded", "windowed"])
+def test_large_gaps_still_pair_every_call(monkeypatch: pytest.MonkeyPatch, regime: str) -> None:
+    if regime != "exact":
+        monkeypatch.setattr(align, "FULL_DP_CELLS", 100)
+        monkeypatch.setattr(align, "BAND_MARGIN", 8)  # a band of 30 + 8 on each side of the diagonal, of 90
+    if regime == "windowed":
+        monkeypatch.setattr(align, "DP_CELL_LIMIT", 100)
+        monkeypatch.setattr(align, "_WINDOW", 16)
+    original, port = _flat("Original", "linear", 90, extra_every=3), _flat("Port", "fc", 90)
+    alignment = align.align_calls(original, port)
+    pairs = [(m.a.path.rsplit(".", 1)[-1], m.b.path.rsplit(".", 1)[-1]) for m in alignment.matches[1:]]
+    assert pairs == [(f"linear{i}", f"fc{i}") for i in range(90)]
+    assert all(node.type_name == "Dropout" for node in alignment.only_a) and len(alignment.only_a) == 30
+    assert {m.how for m in alignment.matches[1:]} == {"structure"}

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from graphtrace.model import Stats, TensorRecord
 
-__all__ = ["STAT_NAMES", "Basis", "Status", "TensorDiff", "Tolerance", "measure", "stats_close"]
+__all__ = ["STAT_NAMES", "Basis", "StatPoint", "Status", "TensorDiff", "Tolerance", "measure", "stats_close"]
 
 Basis = Literal["values", "stats", "none"]
 """What a difference was computed from: both full tensors, both sets of statistics, or nothing comparable."""
@@ -136,14 +136,6 @@ def _printed_resolution(text: str, value: float) -> float:
     return 0.5 * 10.0 ** (int(exponent or 0) - decimals)
 
 
-def _resolutions(record: TensorRecord) -> tuple[float, ...]:
-    assert record.stats is not None
-    values = (record.stats.mean, record.stats.std, record.stats.min, record.stats.max)
-    if record.spec_stats is None:
-        return (0.0,) * 4
-    return tuple(_printed_resolution(text, value) for text, value in zip(record.spec_stats, values))
-
-
 def _close(a: float, b: float, rtol: float, atol: float) -> bool:
     if math.isnan(a) or math.isnan(b):
         return math.isnan(a) and math.isnan(b)
@@ -156,13 +148,40 @@ def _stat_values(stats: Stats) -> tuple[float, float, float, float]:
     return (stats.mean, stats.std, stats.min, stats.max)
 
 
+@dataclass(frozen=True, slots=True)
+class StatPoint:
+    """A tensor's mean, std, min and max, each with how precisely it is known: half a unit in the last printed
+    digit when it was read from transformers' strings, 0 when exact."""
+
+    values: tuple[float, float, float, float]
+    slack: tuple[float, ...]
+    dtype: str
+
+    @classmethod
+    def of(cls, record: TensorRecord) -> StatPoint | None:
+        if record.stats is None:
+            return None
+        values = _stat_values(record.stats)
+        if record.spec_stats is None:
+            slack: tuple[float, ...] = (0.0,) * 4
+        else:
+            slack = tuple(_printed_resolution(text, value) for text, value in zip(record.spec_stats, values))
+        return cls(values, slack, record.dtype)
+
+    def close_to(self, other: StatPoint, rtol: float, atol: float) -> bool:
+        """Every statistic within tolerance, widened by the rounding of both sides."""
+        for x, y, sx, sy in zip(self.values, other.values, self.slack, other.slack):
+            if not _close(x, y, rtol, atol + sx + sy):
+                return False
+        return True
+
+
 def stats_close(a: TensorRecord, b: TensorRecord, rtol: float, atol: float) -> bool | None:
     """Whether the statistics of ``a`` and ``b`` agree within tolerance (None when one has none)."""
-    if a.stats is None or b.stats is None:
+    point_a, point_b = StatPoint.of(a), StatPoint.of(b)
+    if point_a is None or point_b is None:
         return None
-    slack = [ra + rb for ra, rb in zip(_resolutions(a), _resolutions(b))]
-    pairs = zip(_stat_values(a.stats), _stat_values(b.stats), slack)
-    return all(_close(x, y, rtol, atol + extra) for x, y, extra in pairs)
+    return point_a.close_to(point_b, rtol, atol)
 
 
 def _stat_deltas(a: Stats, b: Stats) -> tuple[float, float, float, float]:
