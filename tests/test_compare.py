@@ -267,3 +267,21 @@ def test_comparing_statistics_does_not_import_torch(traces: Callable[..., Path])
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code, str(traces("original", "none"))], check=True)
+
+
+def test_the_worked_example_of_the_docs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import runpy
+
+    example = runpy.run_path(str(Path(__file__).resolve().parent.parent / "examples" / "compare_traces.py"))
+    monkeypatch.chdir(tmp_path)
+    assert example["main"](Path("ex")) == 1
+    out = capsys.readouterr().out
+    assert "first divergence: model.layers.1.self_attn.v_proj (Linear): its inputs agree" in out
+    assert out.rstrip().endswith("the culprit: LlamaForCausalLM.model.layers.1.self_attn.v_proj (Linear)")
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "compare.md").read_text()
+    table = out.split("\n\nthe culprit")[0]
+    for line in docs.split("graphtrace diff ex/original ex/port`:")[1].split("```")[1].splitlines():
+        if line and line != "...":  # the docs show the example's real output, shortened
+            assert line in table.splitlines(), line

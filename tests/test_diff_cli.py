@@ -21,13 +21,16 @@ ANSI = "\033["
 
 @pytest.fixture(scope="module")
 def llamas(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """original/ and changed/ (one weight of layer 1's input norm perturbed), with safetensors values."""
+    """original/ and changed/ (one weight of layer 1's input norm perturbed) with statistics only, so that the
+    command needs no torch and starts fast; original-values/ and changed-values/ with safetensors values."""
     root = tmp_path_factory.mktemp("llamas")
     model, inputs = llama()
-    graphtrace.capture(model, inputs, path=root / "original", values="safetensors")
+    graphtrace.capture(model, inputs, path=root / "original", values="none")
+    graphtrace.capture(model, inputs, path=root / "original-values", values="safetensors")
     with torch.no_grad():
         model.model.layers[1].input_layernorm.weight[0] += 1.0
-    graphtrace.capture(model, inputs, path=root / "changed", values="safetensors")
+    graphtrace.capture(model, inputs, path=root / "changed", values="none")
+    graphtrace.capture(model, inputs, path=root / "changed-values", values="safetensors")
     return root
 
 
@@ -44,7 +47,7 @@ def test_diverging_traces_exit_1_and_name_the_first_divergence(llamas: Path) -> 
     out = result.stdout
     assert "first divergence: model.layers.1.input_layernorm (LlamaRMSNorm): its inputs agree, its output does not" in out
     row = next(line for line in out.splitlines() if line.endswith("◀ first divergence"))
-    assert row.startswith("✗  model.layers.1.input_layernorm") and " values " in row and "/224" in row
+    assert row.startswith("✗  model.layers.1.input_layernorm") and " stats " in row
     assert ANSI not in out  # piped: plain text
     # folded: the agreeing calls before it are one line, and the long tail is summed up
     assert "✓  … 15 calls agree" in out and "more calls" in out and "--all lists every call" in out
@@ -54,31 +57,32 @@ def test_diverging_traces_exit_1_and_name_the_first_divergence(llamas: Path) -> 
 
 
 def test_json_report(llamas: Path) -> None:
-    result = run_cli("diff", "original", "changed", "--json", "--atol", "1e-4", "--rtol", "0", cwd=llamas)
+    args = ("original-values", "changed-values", "--json", "--atol", "1e-4", "--rtol", "0")
+    result = run_cli("diff", *args, cwd=llamas)
     assert result.returncode == 1, result.stderr
     report = json.loads(result.stdout)
     assert report["first_divergence"]["a"] == "LlamaForCausalLM.model.layers.1.input_layernorm@0"
     assert report["tolerance"] == {"rtol": 0.0, "atol": 1e-4}
-    assert report["a"] == {"trace": "original", "model_class": "LlamaForCausalLM", "steps": 1, "calls": 45}
+    assert report["a"] == {"trace": "original-values", "model_class": "LlamaForCausalLM", "steps": 1, "calls": 45}
     assert all(d["rtol"] == 0.0 and d["atol"] == 1e-4 for c in report["calls"] for d in c["outputs"])
-    same = run_cli("diff", "original", "original", "--json", cwd=llamas)
-    assert same.returncode == 0 and json.loads(same.stdout)["equal"] is True
+    first = next(c for c in report["calls"] if c["a"] == report["first_divergence"]["a"])
+    assert first["outputs"][0]["basis"] == "values" and first["outputs"][0]["outside"] == 7  # one feature, 7 tokens
 
 
 def test_port_with_rules_and_by_structure(tmp_path: Path) -> None:
-    model, inputs = gpt2()
-    graphtrace.capture(model, inputs, path=tmp_path / "gpt2", values="safetensors")
-    graphtrace.capture(port_of(model), inputs, path=tmp_path / "port", values="safetensors")
+    model, inputs = gpt2()  # statistics only: the comparison needs no torch, the command starts fast
+    graphtrace.capture(model, inputs, path=tmp_path / "gpt2", values="none")
+    graphtrace.capture(port_of(model), inputs, path=tmp_path / "port", values="none")
     maps = [arg for rule in GPT2_RULES for arg in ("--map", rule)]
     by_rule = run_cli("diff", "gpt2", "port", *maps, "--align", "path", cwd=tmp_path)
     assert by_rule.returncode == 0, by_rule.stdout + by_rule.stderr
     assert "matched 35 calls (1 by path, 34 by rule); only in A: 8, only in B: 0" in by_rule.stdout
-    by_structure = run_cli("diff", "gpt2", "port", "--all", cwd=tmp_path)
-    assert by_structure.returncode == 0 and "34 by structure" in by_structure.stdout
-    assert re.search(r"^✓  transformer\.h\.2\.mlp\.c_proj ↔ blocks\.2\.ffn\.down +structure ", by_structure.stdout, re.M)
-    assert "only in A (8): transformer, transformer.drop, transformer.h.0.attn.resid_dropout" in by_structure.stdout
-    strict = run_cli("diff", "gpt2", "port", "--strict", cwd=tmp_path)
-    assert strict.returncode == 1 and "some have no counterpart" in strict.stdout
+    strict = run_cli("diff", "gpt2", "port", "--all", "--strict", cwd=tmp_path)
+    assert strict.returncode == 1 and "34 by structure" in strict.stdout
+    assert re.search(r"^✓  transformer\.h\.2\.mlp\.c_proj ↔ blocks\.2\.ffn\.down +structure +\[1, 7, 32\] +stats ",
+                     strict.stdout, re.M)
+    assert "only in A (8): transformer, transformer.drop, transformer.h.0.attn.resid_dropout" in strict.stdout
+    assert "DIVERGED: the calls match but some have no counterpart (strict)" in strict.stdout
 
 
 @pytest.mark.parametrize(

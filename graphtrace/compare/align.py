@@ -5,10 +5,11 @@ Three ways, tried in this order (``mode="auto"``):
 1. **path**: the same module path relative to the model (``model.layers.1.mlp`` in both) and the same call index;
 2. **rule**: A's path renamed by the user's rules (:mod:`graphtrace.compare.rules`) names a call of B;
 3. **structure**: the calls still unmatched are aligned by execution order, in the gaps between the calls matched
-   so far. Two calls can pair when they are of the same kind, both leaves or both containers, and take and return
-   tensors of the same shapes; among such pairings the alignment keeps the most, and prefers pairs of the same
-   module type and pairs whose statistics agree. Ties go to the earliest call, so that a module followed by a
-   no-op (a dropout in eval mode) pairs with the module.
+   so far: containers first, then the rest between the containers matched. Two calls can pair when they are of
+   the same kind, both leaves or both containers, and take and return tensors of the same shapes (module types
+   may differ: ``Conv1D`` and ``nn.Linear``). The order-preserving pairing of the highest score wins; a pair
+   scores more when its module types are the same and when its statistics agree. Ties go to the earliest call,
+   so that a module followed by a no-op (a dropout in eval mode) pairs with the module.
 
 ``mode="path"`` stops after rules; ``mode="structure"`` aligns everything but the two roots by structure.
 """
@@ -23,7 +24,7 @@ from typing import Literal
 
 from graphtrace.compare.measure import StatPoint, Tolerance
 from graphtrace.compare.rules import RenameRule, apply_rules
-from graphtrace.model import CallNode
+from graphtrace.model import CallNode, TensorRecord
 
 __all__ = ["AlignMode", "Alignment", "Match", "MatchKind", "align_calls", "relative_path", "returned_order"]
 

@@ -1,10 +1,10 @@
 """One matched pair of calls -> a :class:`CallDiff`: their tensors paired up and measured.
 
 Tensors pair by position first (``inputs_args_0`` with ``inputs_args_0``, ``outputs_logits`` with
-``outputs_logits``); what is left pairs in order, same shapes first, so that a port passing ``hidden_states`` by
-keyword still compares with an original passing it positionally. What is left after that is listed, not compared.
-Inputs left over keep apart (they are extra arguments, not a difference); outputs
-left over pair in order anyway, so that an output of the wrong shape is reported. Full values are loaded (through :mod:`graphtrace.io.tensors`) only when both traces hold files for the pair.
+``outputs_logits``); what is left pairs in order among tensors of the same shape, so that a port passing
+``hidden_states`` by keyword still compares with an original passing it positionally. Inputs left over stay apart
+(extra arguments, not a difference); outputs left over pair in order anyway, so that an output of the wrong shape
+is reported. Full values are loaded (through :mod:`graphtrace.io.tensors`) only when both traces hold files.
 """
 
 from __future__ import annotations
