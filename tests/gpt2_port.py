@@ -59,8 +59,9 @@ class PortMLP(nn.Module):
 
 
 class PortBlock(nn.Module):
-    def __init__(self, dim: int, heads: int, eps: float, approximate: str) -> None:
+    def __init__(self, dim: int, heads: int, eps: float, approximate: str, mlp_residual: bool = True) -> None:
         super().__init__()
+        self.mlp_residual = mlp_residual
         self.norm1 = nn.LayerNorm(dim, eps=eps)
         self.attention = PortAttention(dim, heads)
         self.norm2 = nn.LayerNorm(dim, eps=eps)
@@ -68,15 +69,18 @@ class PortBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.norm1(x))
-        return x + self.ffn(self.norm2(x))
+        return x + self.ffn(self.norm2(x)) if self.mlp_residual else self.ffn(self.norm2(x))
 
 
 class PortGPT(nn.Module):
-    def __init__(self, vocab: int, positions: int, dim: int, layers: int, heads: int, eps: float, approximate: str):
+    def __init__(
+        self, vocab: int, positions: int, dim: int, layers: int, heads: int, eps: float, approximate: str,
+        mlp_residual: bool = True,
+    ) -> None:
         super().__init__()
         self.tok_emb = nn.Embedding(vocab, dim)
         self.pos_emb = nn.Embedding(positions, dim)
-        self.blocks = nn.ModuleList(PortBlock(dim, heads, eps, approximate) for _ in range(layers))
+        self.blocks = nn.ModuleList(PortBlock(dim, heads, eps, approximate, mlp_residual) for _ in range(layers))
         self.norm = nn.LayerNorm(dim, eps=eps)
         self.head = nn.Linear(dim, vocab, bias=False)
         self.head.weight = self.tok_emb.weight
@@ -94,13 +98,14 @@ def _copy_conv1d(linear: nn.Linear, conv: nn.Module) -> None:
     linear.bias.copy_(conv.bias)
 
 
-def port_of(gpt2: nn.Module, approximate: str = "tanh") -> PortGPT:
-    """The port with ``gpt2``'s weights; ``approximate="none"`` reproduces a classic porting bug (exact GELU where
-    GPT-2 uses the tanh approximation)."""
+def port_of(gpt2: nn.Module, approximate: str = "tanh", mlp_residual: bool = True) -> PortGPT:
+    """The port with ``gpt2``'s weights. Two classic porting bugs on request: ``approximate="none"`` (the exact GELU
+    where GPT-2 uses the tanh approximation) and ``mlp_residual=False`` (the residual connection around the MLP
+    forgotten: every module agrees, the block's own code does not)."""
     config = gpt2.config
     port = PortGPT(
         config.vocab_size, config.n_positions, config.n_embd, config.n_layer, config.n_head,
-        config.layer_norm_epsilon, approximate,
+        config.layer_norm_epsilon, approximate, mlp_residual,
     )
     source = gpt2.transformer
     with torch.no_grad():

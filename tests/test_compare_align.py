@@ -32,7 +32,12 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
             with torch.no_grad():
                 for block in model.transformer.h:
                     block.mlp.c_fc.weight.mul_(10)
-            subject = {"gpt2": model, "port": port_of(model), "buggy": port_of(model, approximate="none")}[which]
+            subject = {
+                "gpt2": model,
+                "port": port_of(model),
+                "buggy": port_of(model, approximate="none"),
+                "no-residual": port_of(model, mlp_residual=False),
+            }[which]
             path = tmp_path_factory.mktemp(f"{which}-{values}")
             graphtrace.capture(subject, inputs, path=path, values=values)
             made[which, values] = path
@@ -86,6 +91,16 @@ def test_a_porting_bug_is_named_in_both_names(traces: Callable[..., Path], align
     assert first.a.type_name == "NewGELUActivation" and first.b.type_name == "GELU"
     table = result.table()
     assert "transformer.h.0.mlp.act ↔ blocks.0.ffn.act" in table and "◀ first divergence" in table
+
+
+def test_a_bug_in_a_container_s_own_code_names_the_container(traces: Callable[..., Path]) -> None:
+    result = graphtrace.compare(traces("gpt2"), traces("no-residual"))
+    first = result.first_divergence
+    assert first is not None and first.inputs_agree and first.how == "structure"
+    assert (first.a.id, first.b.id) == ("GPT2LMHeadModel.transformer.h.0@0", "PortGPT.blocks.0@0")
+    inside = [call for call in result.calls if call.a.path.startswith("GPT2LMHeadModel.transformer.h.0.")]
+    assert len(inside) == 9 and all(call.status == "equal" for call in inside)  # every module in it agrees
+    assert first.outputs[0].basis == "stats"  # a container's output: statistics in graphtrace's own trace
 
 
 def test_without_rules_or_structure_only_the_roots_match(traces: Callable[..., Path]) -> None:
