@@ -222,13 +222,14 @@ def _from_values(ta: Any, tb: Any, base: dict[str, Any]) -> TensorDiff:
     rel = (diff / scale).masked_fill(diff == 0, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
     within = same | (finite & (diff <= atol + rtol * scale))  # a non-finite element is close only to itself
     outside = int((~within).sum().item())
-    fa, fb = a[finite], b[finite]
-    norms = float(fa.norm().item()) * float(fb.norm().item())
+    # over the elements finite in both; elementwise products and sums only (BLAS dot and boolean indexing stall
+    # on a busy machine's thread pool)
+    fa, fb = a.masked_fill(~finite, 0.0), b.masked_fill(~finite, 0.0)
+    norms = math.sqrt(float((fa * fa).sum().item())) * math.sqrt(float((fb * fb).sum().item()))
     if not bool(diff.any().item()):
         cosine = 1.0  # identical: exactly 1, not 1 up to rounding
     elif norms > 0:
-        cosine = float((fa.dot(fb) / norms).item()) if fa.numel() else 1.0
-        cosine = max(-1.0, min(1.0, cosine))
+        cosine = max(-1.0, min(1.0, float((fa * fb).sum().item()) / norms))
     else:
         cosine = 1.0 if bool((fa == fb).all().item()) else 0.0
     max_abs = float(diff.max().item()) if diff.numel() else 0.0
