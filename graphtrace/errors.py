@@ -19,6 +19,8 @@ __all__ = [
     "UnsupportedTensorError",
     "FxCaptureError",
     "GraphvizNotFoundError",
+    "GraphvizFailedError",
+    "GraphvizWarning",
 ]
 
 
@@ -56,3 +58,11 @@ class FxCaptureError(GraphtraceError, RuntimeError):
 
 class GraphvizNotFoundError(GraphtraceError, RuntimeError):
     """Graphviz's ``dot`` program is not installed."""
+
+
+class GraphvizFailedError(GraphtraceError, RuntimeError):
+    """Graphviz's ``dot`` ran but could not draw the call graph."""
+
+
+class GraphvizWarning(UserWarning):
+    """The call graph beside a saved trace could not be drawn; the trace itself was saved."""
