@@ -255,5 +255,5 @@ def test_trace_to_graph_is_call_graph(demo_trace: Trace) -> None:
 
 
 def test_rendering_needs_neither_torch_nor_the_model() -> None:
-    code = "import sys, graphtrace.render; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, graphtrace.render, graphtrace.cli.render; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
