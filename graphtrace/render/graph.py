@@ -62,7 +62,9 @@ def call_graph(
     if not steps:
         raise InvalidOptionError("this trace recorded no forward call, so there is no call graph to draw.")
     if not isinstance(step, int) or not -steps <= step < steps:
-        raise InvalidOptionError(f"step {step!r} does not exist: the trace has {steps} forward call(s), 0..{steps - 1}.")
+        raise InvalidOptionError(
+            f"step {step!r} does not exist: the trace has {steps} forward call(s), 0..{steps - 1}."
+        )
     step_root = trace.steps[step]
     root = _find(step_root, focus) if focus is not None else step_root
     fold = _Folder(trace.fallbacks, enabled=not unfold)
@@ -284,13 +286,15 @@ def _output_tensors(call: CallNode) -> tuple[tuple[str, tuple[int, ...], str], .
     outputs = call.outputs
     if isinstance(outputs, Mapping):
         return tuple(
-            (str(key), record.shape, record.dtype) for key, value in outputs.items() for _, record in iter_tensors(value)
+            (str(key), record.shape, record.dtype)
+            for key, value in outputs.items()
+            for _, record in iter_tensors(value)
         )
     return tuple(("", record.shape, record.dtype) for _, record in iter_tensors(outputs))
 
 
 def _run_name(head: CallNode, last: CallNode) -> str:
-    """``q_proj``; ``layers.0–15`` for a folded run; ``norm #2`` or ``norm #1–12`` for repeated calls of a module."""
+    """``q_proj``; ``layers.0–15`` for a folded run; ``norm #2`` and ``norm #1–12`` for calls of a shared module."""
     if last is head:
         return head.name + (f" #{head.index + 1}" if head.index else "")
     if last.path == head.path:
