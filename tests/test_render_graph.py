@@ -150,7 +150,8 @@ def test_depth_limit_collapses_calls_into_boxes(demo_trace: Trace) -> None:
     assert clusters(graph) == [f"{DEMO}@0"]
     layers = graph.nodes[f"{DEMO}.layers.0@0"]
     assert not layers["cluster"] and layers["repeat"] == 4 and layers["calls_inside"] == 12
-    assert [graph.nodes[n]["name"] for n in boxes(graph)] == ["rotary", "embed_tokens", "layers.0–3", "norm", "lm_head"]
+    names = [graph.nodes[n]["name"] for n in boxes(graph)]
+    assert names == ["rotary", "embed_tokens", "layers.0–3", "norm", "lm_head"]
     assert graph.has_edge(f"{DEMO}.embed_tokens@0", f"{DEMO}.layers.0@0")
     assert graph.has_edge(f"{DEMO}.rotary@0", f"{DEMO}.layers.0@0")
 

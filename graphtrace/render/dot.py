@@ -103,8 +103,12 @@ def render_dot_file(source: Path, target: Path, output_format: str) -> None:
             f"Graphviz's `dot` program is not on PATH, so {target.name} could not be drawn; its DOT source is in "
             f"{source}. To get the picture, {INSTALL_HINT}, then run `graphtrace render` on the trace again."
         )
+    sharper = ["-Gdpi=144"] if output_format == "png" else []  # 1.5 times the default: legible on dense screens
     result = subprocess.run(
-        [program, f"-T{output_format}", str(source), "-o", str(target)], capture_output=True, text=True, check=False
+        [program, f"-T{output_format}", *sharper, str(source), "-o", str(target)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if result.returncode != 0:
         message = result.stderr.strip().splitlines()
