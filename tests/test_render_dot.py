@@ -183,8 +183,12 @@ def test_render_command(tmp_path: Path) -> None:
     assert len(svg_groups(tmp_path / "attn.svg")["node"]) == 7  # q, k, v, o and three neighbours
     result = run_cli("render", "trace", "-o", "all.svg", "--unfold", "--depth", "2", cwd=tmp_path)
     assert result.returncode == 0 and "20 boxes of 57 calls, cut at depth 2" in result.stdout
+    result = run_cli("render", "trace", "--depth", "1", "-o", "new/dir/top.png", cwd=tmp_path)
+    assert result.returncode == 0 and (tmp_path / "new/dir/top.png").read_bytes().startswith(b"\x89PNG")
     result = run_cli("render", "trace", "--focus", "layers.9", cwd=tmp_path)
     assert result.returncode == 2 and "focus 'layers.9': no such call" in result.stderr
+    result = run_cli("render", "trace", "-o", "attn.svg/inside.svg", cwd=tmp_path)
+    assert result.returncode == 2 and "cannot write the call graph to 'attn.svg/inside.dot'" in result.stderr
 
 
 def test_without_dot_the_trace_and_the_dot_source_are_still_written(

@@ -18,7 +18,7 @@ from typing import Any
 import networkx as nx
 import pydot
 
-from graphtrace.errors import GraphvizFailedError, GraphvizNotFoundError, InvalidOptionError
+from graphtrace.errors import GraphvizFailedError, GraphvizNotFoundError, InvalidOptionError, OutputPathError
 from graphtrace.render.style import (
     BOX_DEFAULTS,
     EDGE_DEFAULTS,
@@ -88,7 +88,13 @@ def write_graph(graph: nx.DiGraph, path: str | os.PathLike[str]) -> list[Path]:
     target = Path(path)
     output_format = _output_format(target)
     source = target.with_suffix(".dot")
-    source.write_text(to_dot(graph), encoding="utf-8")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source.write_text(to_dot(graph), encoding="utf-8")
+    except OSError as exc:
+        raise OutputPathError(
+            f"cannot write the call graph to {str(source)!r}: {exc.strerror or exc}. Choose a path you can write to."
+        ) from exc
     if output_format is None:
         return [source]
     render_dot_file(source, target, output_format)
