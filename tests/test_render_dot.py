@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -150,6 +152,15 @@ def test_default_graph_of_a_16_layer_llama_fits_a_screen(tmp_path: Path) -> None
     assert len(boxes(call_graph(trace, unfold=True, max_boxes=None))) == 164  # what folding saves
     unfolded = call_graph(trace, unfold=True)
     assert len(boxes(unfolded)) <= 150 and unfolded.graph["auto_depth"]
+    # drawn unfolded, each layer sits below the one before it (dot's default ranking put 7 of them side by side)
+    (tmp_path / "unfolded.dot").write_text(to_dot(unfolded))
+    plain = subprocess.run(["dot", "-Tplain", str(tmp_path / "unfolded.dot")], capture_output=True, text=True)
+    heights = {}
+    for line in plain.stdout.splitlines():
+        match = re.match(r'node "LlamaForCausalLM\.model\.layers\.(\d+)\.input_layernorm@0" \S+ (\S+)', line)
+        if match:
+            heights[int(match.group(1))] = float(match.group(2))
+    assert len(heights) == 16 and all(heights[i] > heights[i + 1] for i in range(15))
 
 
 @pytest.mark.parametrize("suffix", [".png", ".pdf"])

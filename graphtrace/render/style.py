@@ -30,6 +30,7 @@ _LEFT_BREAK = '<BR ALIGN="LEFT"/>'  # ends a left-aligned line of a cluster labe
 
 GRAPH_STYLE = {
     "rankdir": "TB",
+    "newrank": "true",  # rank across clusters: without it dot set 16 unfolded layers side by side, edges upwards
     "nodesep": "0.25",
     "ranksep": "0.3",
     "fontname": FONT,
