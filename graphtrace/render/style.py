@@ -99,7 +99,7 @@ def _tooltip(data: Mapping[str, Any]) -> str:
         lines.append(f"eager fallback: {data['fallback']}")
     if data["error"]:
         lines.append(f"raised {data['error']}")
-    return "\\n".join(line.replace("\\", "\\\\").replace('"', "'") for line in lines)
+    return "\\n".join(line.replace("\\", "\\\\").replace('"', "'").replace("\n", " ") for line in lines)
 
 
 def _type_text(data: Mapping[str, Any]) -> str:
@@ -107,6 +107,7 @@ def _type_text(data: Mapping[str, Any]) -> str:
 
 
 def box_style(data: Mapping[str, Any]) -> dict[str, str]:
+    """DOT attributes of a box, from the attributes of its node in the call graph."""
     if data["context"]:
         type_line = f"<BR/>{_escape(data['type_name'])}" if data["type_name"] else ""
         return {
@@ -148,6 +149,7 @@ def _mark_style(data: Mapping[str, Any]) -> dict[str, str]:
 
 
 def cluster_style(data: Mapping[str, Any], level: int) -> dict[str, str]:
+    """DOT attributes of a cluster; nested clusters alternate two greys so that their borders stay visible."""
     heading = f"<B>{_escape(data['name'])}</B>"
     if data["type_name"] and data["type_name"] != data["name"]:
         heading += f'  <FONT COLOR="{MUTED}">{_escape(_type_text(data))}</FONT>'
