@@ -97,10 +97,14 @@ def faulty_trace() -> Trace:
 # -- DOT -----------------------------------------------------------------------------------------------------------
 
 
-def test_golden_dot_of_the_demo_model() -> None:
-    trace = graphtrace.capture(demo_model(), demo_inputs())
-    assert_golden("demo.dot", to_dot(call_graph(trace)))
-    assert_golden("demo_depth2.dot", to_dot(call_graph(trace, depth=2)))
+@pytest.fixture(scope="module")
+def demo_trace() -> Trace:
+    return graphtrace.capture(demo_model(), demo_inputs())
+
+
+def test_golden_dot_of_the_demo_model(demo_trace: Trace) -> None:
+    assert_golden("demo.dot", to_dot(call_graph(demo_trace)))
+    assert_golden("demo_depth2.dot", to_dot(call_graph(demo_trace, depth=2)))
 
 
 def test_golden_dot_of_a_model_with_nan_an_error_and_a_fallback() -> None:
@@ -110,9 +114,8 @@ def test_golden_dot_of_a_model_with_nan_an_error_and_a_fallback() -> None:
     assert "eager fallback: torch.fx: cannot trace this module" in dot  # the reason, as a tooltip
 
 
-def test_edges_into_clusters_are_clipped_and_redundant_ones_left_out() -> None:
-    trace = graphtrace.capture(demo_model(), demo_inputs())
-    dot = to_dot(call_graph(trace))
+def test_edges_into_clusters_are_clipped_and_redundant_ones_left_out(demo_trace: Trace) -> None:
+    dot = to_dot(call_graph(demo_trace))
     edges = [line for line in dot.splitlines() if " -> " in line]
     layer = "DemoTransformer.layers.0"
     # rotary feeds the attention cluster: drawn to its first box, clipped at its border
@@ -128,10 +131,9 @@ def test_edges_into_clusters_are_clipped_and_redundant_ones_left_out() -> None:
 # -- Graphviz ------------------------------------------------------------------------------------------------------
 
 
-def test_dot_draws_a_valid_svg_with_one_box_per_node(tmp_path: Path) -> None:
-    trace = graphtrace.capture(demo_model(), demo_inputs())
-    graph = call_graph(trace, unfold=True)
-    written = write_call_graph(trace, tmp_path / "graph.svg", unfold=True)
+def test_dot_draws_a_valid_svg_with_one_box_per_node(demo_trace: Trace, tmp_path: Path) -> None:
+    graph = call_graph(demo_trace, unfold=True)
+    written = write_call_graph(demo_trace, tmp_path / "graph.svg", unfold=True)
     assert written == [tmp_path / "graph.dot", tmp_path / "graph.svg"]
     groups = svg_groups(tmp_path / "graph.svg")
     assert sorted(titles(groups["node"])) == sorted(map(str, boxes(graph)))
@@ -164,13 +166,12 @@ def test_default_graph_of_a_16_layer_llama_fits_a_screen(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("suffix", [".png", ".pdf"])
-def test_other_picture_formats(tmp_path: Path, suffix: str) -> None:
-    trace = graphtrace.capture(demo_model(), demo_inputs())
-    write_call_graph(trace, tmp_path / f"graph{suffix}", depth=1)
+def test_other_picture_formats(demo_trace: Trace, tmp_path: Path, suffix: str) -> None:
+    write_call_graph(demo_trace, tmp_path / f"graph{suffix}", depth=1)
     magic = {".png": b"\x89PNG", ".pdf": b"%PDF"}[suffix]
     assert (tmp_path / f"graph{suffix}").read_bytes().startswith(magic)
     with pytest.raises(InvalidOptionError, match=r"end the file name with \.svg, \.png, \.pdf, \.dot"):
-        write_call_graph(trace, tmp_path / "graph.jpeg")
+        write_call_graph(demo_trace, tmp_path / "graph.jpeg")
 
 
 # -- beside a saved trace ------------------------------------------------------------------------------------------
