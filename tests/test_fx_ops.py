@@ -85,6 +85,16 @@ def test_data_flow_follows_the_graph_through_functional_code(demo_ops: graphtrac
     )
 
 
+def test_the_call_graph_of_a_trace_served_by_fx_needs_no_inferred_edges() -> None:
+    from graphtrace.render import call_graph
+
+    eager = call_graph(graphtrace.capture(demo_model(), demo_inputs(), strategy="eager"))
+    served = call_graph(graphtrace.capture(demo_model(), demo_inputs()))
+    assert any(inferred for _, _, inferred in eager.edges(data="inferred"))
+    assert not any(inferred for _, _, inferred in served.edges(data="inferred"))
+    assert served.has_edge("DemoTransformer.layers.0.attn.q_proj@0", "DemoTransformer.layers.0.attn.o_proj@0")
+
+
 def test_spec_files_with_ops_keep_leaf_outputs_beside_op_children(tmp_path: Path) -> None:
     graphtrace.capture(demo_model(), demo_inputs(), path=tmp_path, ops=True)
     tree = json.loads((tmp_path / "DemoTransformer_debug_tree_SUMMARY.json").read_text())

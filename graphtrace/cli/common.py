@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
 from pathlib import Path
 
+from graphtrace.errors import GraphvizWarning
 from graphtrace.model import Trace
 
 _FILE_ROLES = {
@@ -36,18 +39,27 @@ def add_capture_options(parser: argparse.ArgumentParser) -> None:
 
 
 def capture_with_options(model: object, inputs: object, args: argparse.Namespace) -> Trace:
-    """``graphtrace.capture`` with the options of :func:`add_capture_options`, saving into ``args.output``."""
+    """``graphtrace.capture`` with the options of :func:`add_capture_options`, saving into ``args.output``; a call
+    graph that could not be drawn is reported as one line on stderr."""
     from graphtrace.api import capture
 
-    return capture(
-        model,  # type: ignore[arg-type]
-        inputs,
-        path=args.output,
-        values=args.values,
-        prune_layers=args.prune_layers,
-        strategy=args.strategy,
-        ops=args.ops,
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", GraphvizWarning)
+        trace = capture(
+            model,  # type: ignore[arg-type]
+            inputs,
+            path=args.output,
+            values=args.values,
+            prune_layers=args.prune_layers,
+            strategy=args.strategy,
+            ops=args.ops,
+        )
+    for warning in caught:
+        if issubclass(warning.category, GraphvizWarning):
+            print(f"graphtrace {args.command}: warning: {warning.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return trace
 
 
 def trace_summary(trace: Trace) -> str:

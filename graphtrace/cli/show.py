@@ -17,6 +17,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("trace", metavar="TRACE", help="trace directory (or one of its JSON files)")
     parser.add_argument("--depth", type=int, default=None, help="show calls down to this depth (root = 0)")
     parser.add_argument("--step", type=int, default=None, help="show only this top-level call (default: all)")
+    parser.add_argument(
+        "--nonfinite",
+        action="store_true",
+        help="name the first call whose output holds NaN or Inf while its inputs are finite, instead of the tree",
+    )
     parser.set_defaults(run=run)
 
 
@@ -101,6 +106,11 @@ def run(args: argparse.Namespace) -> int:
     calls = sum(1 for _ in trace.walk())
     meta = trace.meta
     print(f"{meta.model_class}: {len(trace.steps)} forward call(s), {calls} calls, captured with {meta.strategy}")
+    if args.nonfinite:
+        from graphtrace.compare.nonfinite import describe_nonfinite
+
+        print(describe_nonfinite(trace))
+        return 0
     print(f"coverage: {trace.coverage()}")
     steps = list(enumerate(trace.steps))
     if args.step is not None:
