@@ -307,7 +307,8 @@ class _ModuleTracer(fx.Tracer):
             args, kwargs = unflatten(values, self._call.structure)
             leaves, self.output = flatten(self._forward(*args, **kwargs))
             metas = [self._meta_or_unknown(leaf) for leaf in leaves]
-            self.output_meta = unflatten(metas, self.output) if UNKNOWN not in metas else UNKNOWN
+            known = not any(meta is UNKNOWN for meta in metas)
+            self.output_meta = unflatten(metas, self.output) if known else UNKNOWN
             return tuple(leaves)
 
         return traced, proxies
