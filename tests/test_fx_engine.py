@@ -403,3 +403,16 @@ def test_autocast_around_capture_reaches_the_replay_too() -> None:
     assert module_tree(traces["auto"].root) == module_tree(traces["eager"].root)
     assert traces["auto"].find("DemoTransformer.layers.0.attn.q_proj").outputs.dtype == "torch.bfloat16"
     assert traces["auto"].coverage().fx == traces["auto"].coverage().module_calls
+
+
+def test_half_precision_and_inference_mode() -> None:
+    model, inputs = FX_ZOO["vit"]()
+    model = model.half()
+    trace = check_auto_equals_eager(model, {"pixel_values": inputs["pixel_values"].half()})
+    assert trace.coverage().fx == trace.coverage().module_calls
+    assert trace.find("ViTModel.layers.0.attention.q_proj").outputs.dtype == "torch.float16"  # type: ignore[union-attr]
+    with torch.inference_mode():
+        auto = graphtrace.capture(demo_model(), demo_inputs())
+        eager = graphtrace.capture(demo_model(), demo_inputs(), strategy="eager")
+    assert module_tree(auto.root) == module_tree(eager.root)
+    assert auto.coverage().fx == auto.coverage().module_calls
