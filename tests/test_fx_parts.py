@@ -14,8 +14,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.immutable_collections import immutable_list
 
 from graphtrace.engine.fx.guard import Refused, ReplayGuard, TraceGuard, difference
+from graphtrace.engine.fx.signature import signature
 from graphtrace.engine.fx.structure import flatten, leaf_paths, unflatten
-from graphtrace.engine.fx.tracer import Plan, TraceContext, signature, trace_module
+from graphtrace.engine.fx.tracer import Plan, TraceContext, trace_module
 
 
 def test_the_replay_guard_refuses_writes_into_protected_tensors_and_their_views() -> None:

@@ -26,15 +26,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from graphtrace.engine.eager import PatchLedger, is_leaf, module_paths
 from graphtrace.engine.fx.replay import Replay
-from graphtrace.engine.fx.tracer import (
-    CONSTANT,
-    Plan,
-    Signature,
-    TraceContext,
-    describe_error,
-    signature,
-    trace_module,
-)
+from graphtrace.engine.fx.signature import CONSTANT, Signature, signature
+from graphtrace.engine.fx.tracer import Plan, TraceContext, describe_error, trace_module
 from graphtrace.engine.recorder import Frame, Recorder
 
 __all__ = ["PLANS_PER_MODULE", "FxEngine", "attach_fx"]
@@ -57,6 +50,7 @@ class FxEngine:
         self._forwards: dict[int, Callable[..., Any]] = {}
         self._replays: list[Replay | None] = []
         self._tracing = 0
+        self._op_prefixes: dict[str, str] = {}
         self._context = TraceContext(FakeTensorMode(allow_non_fake_inputs=False), self.plan_for)
 
     def wrap(
@@ -149,9 +143,12 @@ class FxEngine:
     def _ops_path(self, path: str) -> str:
         """The prefix of the paths of ``path``'s op records, ``{path}#``; a longer run of ``#`` in the (unlikely)
         case that a module's own name would make an op path equal to a module path."""
-        prefix = f"{path}#"
-        while any(other.startswith(prefix) for other in self.module_paths):
-            prefix += "#"
+        prefix = self._op_prefixes.get(path)
+        if prefix is None:
+            prefix = f"{path}#"
+            while any(other.startswith(prefix) for other in self.module_paths):
+                prefix += "#"
+            self._op_prefixes[path] = prefix
         return prefix
 
     def _settle(self, replay: Replay, module: nn.Module, key: Hashable, path: str, output: Any) -> None:

@@ -9,7 +9,7 @@ real forwards trace at all:
   ``if output_attentions`` resolve as in the real call;
 * every traced value carries its metadata, computed on fake tensors (no data, no real computation): ``x.shape``,
   ``x.size(-1)``, ``x.dtype``, ``x.device``, ``len(x)`` are concrete, so ``(*x.shape[:-1], -1, head_dim)`` and
-  ``if q.shape[2] > 1`` trace (the graph is then specialised on shapes, which :func:`signature` keys on); a value
+  ``if q.shape[2] > 1`` trace (the graph is then specialised on shapes, which its signature keys on); a value
   that depends on tensor data (``if mask.all()``) still fails the trace, as it must;
 * a child's output keeps its real structure: the child's own plan (traced on the fly for the arguments it receives)
   says what it returns, so ``attn_output, attn_weights = self.attn(x)``, ``outputs[1] is not None`` and
@@ -25,51 +25,43 @@ from __future__ import annotations
 
 import bisect
 import dis
-import enum
 import inspect
 import logging
 import math
 import operator
 import warnings
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.fx.node import map_aggregate
 from torch.utils._python_dispatch import _disable_current_modes
 
 from graphtrace.engine.fx.guard import TraceGuard
+from graphtrace.engine.fx.signature import CONSTANT, TENSOR, Signature, is_constant, leaf_kind
+from graphtrace.engine.fx.snapshot import restore, snapshot
 from graphtrace.engine.fx.structure import Structure, flatten, leaf_paths, unflatten
 
 __all__ = [
-    "CONSTANT",
     "META",
+    "METADATA_FUNCTIONS",
+    "METADATA_METHODS",
+    "STRUCTURAL_OPS",
+    "UNKNOWN",
     "Opaque",
     "Plan",
-    "Signature",
     "TraceContext",
     "describe_error",
     "impurity",
-    "signature",
     "trace_module",
 ]
 
 META = "graphtrace_value"
 """``node.meta`` key: what the node's value is made of at trace time (fake tensors, constants, :class:`Opaque`)."""
-
-_CONSTANT_TYPES = frozenset(
-    {
-        type(None), bool, int, float, complex, str, bytes, type(Ellipsis), slice, range,
-        torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size,
-    }
-)
-_UNHASHABLE_CONSTANTS = (float, complex, slice)  # keyed by repr: nan != nan, 0.0 == -0.0, slices are unhashable
-TENSOR, CONSTANT, OPAQUE = "tensor", "constant", "opaque"
 
 STRUCTURAL_OPS = frozenset({operator.getitem, getattr})
 """Ops that take a value apart rather than compute one; not counted as a module's own operations."""
@@ -101,48 +93,6 @@ class _Unknown:
 
 
 UNKNOWN = _Unknown()
-
-
-def _leaf_kind(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return TENSOR
-    if type(value) in _CONSTANT_TYPES or isinstance(value, enum.Enum):
-        return CONSTANT
-    return OPAQUE
-
-
-def _leaf_key(value: Any, kind: str) -> Hashable:
-    if kind == TENSOR:
-        strided = value.layout == torch.strided
-        return (
-            torch.Tensor if isinstance(value, FakeTensor) else type(value),
-            value.dtype, value.device, value.layout, tuple(value.shape),
-            tuple(value.stride()) if strided else None, value.requires_grad,
-        )
-    if kind == OPAQUE:
-        return (OPAQUE, type(value))
-    if isinstance(value, _UNHASHABLE_CONSTANTS):
-        return (type(value), repr(value))
-    return (type(value), value)
-
-
-@dataclass(frozen=True, slots=True)
-class Signature:
-    """What a graph is specialised on: the module's training flag, the arguments' structure, and per leaf the
-    tensor's type, dtype, device, layout, shape, strides and ``requires_grad``, a constant's value, or an opaque
-    object's type."""
-
-    key: Hashable
-    leaves: list[Any] = field(compare=False, hash=False)
-    structure: Structure = field(compare=False, hash=False)
-    kinds: tuple[str, ...] = field(compare=False, hash=False)
-
-
-def signature(module: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Signature:
-    leaves, structure = flatten((tuple(args), dict(kwargs)))
-    kinds = tuple(_leaf_kind(leaf) for leaf in leaves)
-    key = (module.training, structure, tuple(_leaf_key(leaf, kind) for leaf, kind in zip(leaves, kinds)))
-    return Signature(key, leaves, structure, kinds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,11 +140,6 @@ def impurity(op: str, target: Any, receiver: Any) -> str | None:
     if module in _PURE_MODULES:
         return None
     return f"calls {module}.{getattr(target, '__qualname__', target)}, which a replay would repeat"
-
-
-def _is_constant(value: Any) -> bool:
-    leaves, _ = flatten(value)
-    return all(_leaf_kind(leaf) == CONSTANT for leaf in leaves)
 
 
 class _MissingMeta(Exception):
@@ -434,7 +379,7 @@ class _ModuleTracer(fx.Tracer):
                 element = meta[args[1]] if target is operator.getitem else getattr(meta, args[1])
             except Exception:
                 return UNKNOWN
-            return element if _is_constant(element) else UNKNOWN
+            return element if is_constant(element) else UNKNOWN
         return UNKNOWN
 
     def _child_output(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -458,7 +403,7 @@ class _ModuleTracer(fx.Tracer):
             return proxy
         values = []
         for path, leaf in zip(leaf_paths(structure), leaves):
-            if _leaf_kind(leaf) == CONSTANT:
+            if leaf_kind(leaf) == CONSTANT:
                 values.append(leaf)
                 continue
             value: Any = proxy
@@ -477,63 +422,6 @@ def _is_dataclass(value: Any) -> bool:
 
 
 # -- the trace and its checks -----------------------------------------------------------------------------------------
-
-
-_Snapshot = list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]
-
-
-def _snapshot(module: nn.Module) -> _Snapshot:
-    """The attributes of every module in the tree, and the contents of those that are containers (parameters,
-    buffers, submodules, hooks: registering a hook changes a dict in place)."""
-    states = []
-    for sub in module.modules():
-        state = sub.__dict__
-        contents = {name: _copy_container(value) for name, value in state.items() if _is_container(value)}
-        states.append((state, dict(state), contents))
-    return states
-
-
-def _is_container(value: Any) -> bool:
-    return isinstance(value, (dict, list, set)) and not isinstance(value, (immutable_dict, immutable_list))
-
-
-def _copy_container(value: Any) -> Any:
-    return list(value.items()) if isinstance(value, dict) else list(value) if isinstance(value, list) else set(value)
-
-
-def _same_contents(value: Any, saved: Any) -> bool:
-    if isinstance(value, set):
-        return value == saved
-    current = list(value.items()) if isinstance(value, dict) else list(value)
-    return len(current) == len(saved) and all(
-        (a[0] == b[0] and a[1] is b[1]) if isinstance(value, dict) else a is b for a, b in zip(current, saved)
-    )
-
-
-def _restore(states: _Snapshot) -> str | None:
-    """Put back every attribute the trace changed on the module tree, container contents included; the name of the
-    first one changed, if any."""
-    changed = None
-    for state, saved, contents in states:
-        for name in set(state) | set(saved):
-            if name not in saved or name not in state or state[name] is not saved[name]:
-                changed = changed or name
-                if name in saved:
-                    state[name] = saved[name]
-                else:
-                    del state[name]
-        for name, items in contents.items():
-            container = state[name]
-            if not _same_contents(container, items):
-                changed = changed or name
-                container.clear()
-                if isinstance(container, dict):
-                    container.update(items)
-                elif isinstance(container, list):
-                    container.extend(items)
-                else:
-                    container.update(items)
-    return changed
 
 
 class _DropRecords(logging.Filter):
@@ -588,15 +476,15 @@ def _last_uses(graph: fx.Graph) -> dict[fx.Node, tuple[fx.Node, ...]]:
 def trace_module(module: nn.Module, forward: Callable[..., Any], call: Signature, context: TraceContext) -> Plan | str:
     """The plan of ``module``'s ``forward`` for calls like ``call``, or why there is none (``"Type: message"``)."""
     tracer = _ModuleTracer(forward, call, context)
-    states = _snapshot(module)
+    states = snapshot(module)
     try:
         with _quiet(), TraceGuard():
             graph = tracer.trace(module)
     except Exception as exc:
-        _restore(states)
+        restore(states)
         # a trace that stumbled over a value coming out of a cache's method names the method, not the stumble
         return _impure_node(tracer.graph) or describe_error(exc)
-    changed = _restore(states)
+    changed = restore(states)
     if changed is not None:
         return f"SideEffect: tracing the forward changes {changed!r} of a module (put back), which a graph cannot replay"
     impure = _impure_node(graph)
