@@ -102,7 +102,7 @@ class Session:
         self.recording = self.rank == 0
         self.trace: Trace | None = None
         self._sink = self._make_sink()
-        self._recorder = Recorder(self._sink, on_step_start=self._on_step_start)
+        self._recorder = Recorder(self._sink, on_step_start=self._on_step_start, detached_steps=True, step_caches=True)
         self._ledger = PatchLedger()
         self._fallbacks: dict[str, str] = {}
 
@@ -175,7 +175,14 @@ class Session:
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         )
         directory = str(self.directory) if self.directory is not None else None
-        return Trace(steps=tuple(self._recorder.steps), meta=meta, fallbacks=self._fallbacks, directory=directory)
+        recorder = self._recorder
+        return Trace(
+            steps=tuple(recorder.steps),
+            meta=meta,
+            fallbacks=self._fallbacks,
+            directory=directory,
+            step_info=tuple(recorder.step_info),
+        )
 
 
 def _version() -> str:
@@ -197,7 +204,9 @@ def tracing(
     """Record every forward call of ``model`` made inside the block (``generate()`` included), one step each.
 
     With ``path``, the trace is saved there when the block ends (each step in ``step_{i}/`` when there are several).
-    ``values="safetensors"`` streams tensors to ``path`` while the forward runs and needs it.
+    ``values="safetensors"`` streams tensors to ``path`` while the forward runs and needs it. A submodule called on
+    its own (the encoder that ``generate()`` runs first) is a step too. Each step's :class:`~graphtrace.model.StepInfo`
+    says whether it was a prefill or a decoding step and what the key/value cache held after it.
     """
     session = _session(model, path, values, prune_layers, strategy, ops, flat=False)
     with session:
