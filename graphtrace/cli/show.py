@@ -27,7 +27,8 @@ def describe_value(value: Value | None, limit: int = 3) -> str:
     if isinstance(value, TensorRecord):
         text = f"[{', '.join(map(str, value.shape))}] {value.dtype.removeprefix('torch.')}"
         if value.dtensor is not None:
-            text += f" (local shard of {list(value.dtensor.global_shape)})"
+            placements = value.dtensor.placements.removeprefix("(").removesuffix(")").rstrip(",")
+            text += f" (local shard of {list(value.dtensor.global_shape)}: {placements})"
         return text
     if isinstance(value, str):
         return value if len(value) <= 24 else value[:21] + "..."
@@ -120,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace)
     calls = sum(1 for _ in trace.walk())
     meta = trace.meta
-    print(f"{meta.model_class}: {len(trace.steps)} forward call(s), {calls} calls, captured with {meta.strategy}")
+    rank = f"rank {meta.rank} of {meta.world_size}, " if meta.world_size > 1 else ""
+    print(f"{meta.model_class}: {rank}{len(trace.steps)} forward call(s), {calls} calls, captured with {meta.strategy}")
     steps = list(enumerate(trace.steps))
     if args.step is not None:
         steps = [steps[args.step]]
