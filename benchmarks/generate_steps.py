@@ -1,0 +1,84 @@
+"""What tracing a generate() call costs: plain generate() against tracing() with and without the per-step cache.
+
+    python benchmarks/generate_steps.py [--layers 4] [--hidden 256] [--prompt 32] [--new 32] [--repeat 3]
+
+Prints the median wall time of each variant and its ratio to plain generate(). The model is a Llama built from its
+config with random weights. "no cache state" turns off the per-step cache record (Recorder(step_caches=False)) to
+show what that record costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from unittest import mock
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import graphtrace
+from graphtrace.engine import recorder
+
+
+def median_seconds(run: Callable[[], object], repeat: int) -> float:
+    run()  # warm-up
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--new", type=int, default=32)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+
+    config = LlamaConfig(
+        vocab_size=1000, hidden_size=args.hidden, intermediate_size=args.hidden * 2, num_hidden_layers=args.layers,
+        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=args.prompt + args.new + 8,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    prompt = torch.randint(0, config.vocab_size, (1, args.prompt))
+
+    def plain() -> object:
+        return model.generate(prompt, max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False)
+
+    def traced(values: str) -> Callable[[], object]:
+        def run() -> object:
+            with graphtrace.tracing(model, values=values):  # type: ignore[arg-type]
+                return plain()
+        return run
+
+    def without_cache_state() -> object:
+        original = recorder.Recorder.__init__
+
+        def no_caches(self, *a, **k):  # type: ignore[no-untyped-def]
+            original(self, *a, **{**k, "step_caches": False})
+
+        with mock.patch.object(recorder.Recorder, "__init__", no_caches):
+            return traced("none")()
+
+    print(f"Llama {args.layers} layers, hidden {args.hidden}; prompt {args.prompt} tokens, {args.new} new (greedy); "
+          f"median of {args.repeat}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    base = median_seconds(plain, args.repeat)
+    print(f"  plain generate()                    {base * 1000:8.1f} ms")
+    for label, run in (
+        ("tracing, values='none'", traced("none")),
+        ("tracing, values='none', no cache state", without_cache_state),
+        ("tracing, values='repr'", traced("repr")),
+    ):
+        seconds = median_seconds(run, args.repeat)
+        print(f"  {label:<40}{seconds * 1000:8.1f} ms  x{seconds / base:.2f}")
+
+
+if __name__ == "__main__":
+    main()
