@@ -89,7 +89,8 @@ def _check_ranks(ranks: Any) -> frozenset[int] | None:
     """The ranks that record (None: every rank), each checked against this job's world size."""
     if ranks == "all":
         return None
-    chosen = [ranks] if isinstance(ranks, int) else list(ranks) if isinstance(ranks, (list, tuple, range)) else None
+    collection = isinstance(ranks, (list, tuple, range, set, frozenset))
+    chosen = [ranks] if isinstance(ranks, int) else list(ranks) if collection else None
     if not chosen or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in chosen):
         raise InvalidOptionError(
             f"ranks={ranks!r} is not a rank, a list of ranks or 'all'. Pass ranks=0 (rank 0 records, the default), "

@@ -110,11 +110,11 @@ def test_a_rank_that_raises_does_not_leave_the_other_hanging(job: tuple[Path, li
 
 def test_ranks_option_is_checked_before_the_forward(tmp_path: Path) -> None:
     model, inputs = zoo.llama()
-    for bad in ("every", [], [-1], True, 1.0, [0, "1"]):
+    for bad in ("every", [], [-1], True, 1.0, [0, "1"], {0: 1}):
         with pytest.raises(InvalidOptionError, match="is not a rank, a list of ranks or 'all'"):
             graphtrace.capture(model, inputs, ranks=bad)  # type: ignore[arg-type]
     with pytest.raises(InvalidOptionError, match=r"names rank 1, but this is one process"):
-        graphtrace.capture(model, inputs, ranks=[0, 1], path=tmp_path / "never")
+        graphtrace.capture(model, inputs, ranks={1, 0}, path=tmp_path / "never")
     assert not (tmp_path / "never").exists()
     assert all("forward" not in module.__dict__ for module in model.modules())
 

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +14,6 @@ from graphtrace.model import StepInfo, TensorRecord
 from tests import zoo
 from tests.conftest import assert_same_trace_files, run_ours, run_reference
 
-ROOT = Path(__file__).resolve().parent.parent
 NEW_TOKENS = 3
 
 
@@ -106,6 +102,23 @@ def test_a_submodule_called_on_its_own_is_a_step() -> None:
     assert trace.step_info == (StepInfo(), StepInfo())
 
 
+def test_a_recorder_that_does_not_keep_steps_hands_each_one_over() -> None:
+    from graphtrace.engine import PatchLedger, Recorder
+    from graphtrace.engine.eager import attach_eager
+
+    model = nn.Sequential(nn.Linear(3, 3))
+    handed: list[tuple[int, ...]] = []
+    recorder = Recorder(on_step=lambda step: handed.append(step.args[0].shape), keep_steps=False)  # type: ignore[union-attr]
+    ledger = PatchLedger()
+    attach_eager(model, recorder, ledger, root_no_grad=False)
+    try:
+        model(torch.ones(1, 3))
+        model(torch.ones(2, 3))
+    finally:
+        ledger.restore()
+    assert handed == [(1, 3), (2, 3)] and recorder.steps == []  # the shim writes each step and keeps none
+
+
 def test_a_single_forward_with_a_filled_cache_is_a_decoding_step() -> None:
     from transformers import DynamicCache
 
@@ -124,15 +137,14 @@ def test_a_single_forward_with_a_filled_cache_is_a_decoding_step() -> None:
     assert without.step_info == (StepInfo(),) and without.step_info[0].phase == "forward"
 
 
-def test_show_tells_prefill_and_decoding_steps_apart(tmp_path: Path) -> None:
+def test_show_tells_prefill_and_decoding_steps_apart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from graphtrace.cli import main
+
     model, inputs = zoo.llama()
     with graphtrace.tracing(model, path=tmp_path):
         model.generate(inputs["input_ids"], max_new_tokens=NEW_TOKENS, do_sample=False)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    shown = subprocess.run(
-        [sys.executable, "-m", "graphtrace", "show", str(tmp_path), "--depth", "0"],
-        capture_output=True, text=True, env=env, check=True,
-    ).stdout
+    assert main(["show", str(tmp_path), "--depth", "0"]) == 0
+    shown = capsys.readouterr().out
     lines = [line for line in shown.splitlines() if line.startswith("step ")]
     assert lines == [
         "step 0: prefill, 7 tokens into an empty cache; DynamicCache after: 6 x [1, 2, 7, 8] float32",
@@ -160,12 +172,22 @@ def test_shim_keeps_the_last_forward_of_generate_like_transformers(tmp_path: Pat
     assert not list(ours.glob("step_*"))
 
 
-def test_generate_example_runs(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "generate.py"), str(tmp_path / "out")],
-        capture_output=True, text=True, env=env, timeout=120,
+def test_cli_capture_traces_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from graphtrace.cli import main
+
+    factory = tmp_path / "factory.py"
+    factory.write_text(
+        "import torch\n"
+        "from tests import zoo\n"
+        "def build():\n"
+        "    return zoo.llama()\n"
+        "def plain():\n"
+        "    return torch.nn.Linear(2, 2), torch.ones(1, 2)\n"
     )
-    assert result.returncode == 0, result.stderr
-    assert "step 0: prefill, 6 tokens" in result.stdout and "step 4: decode, 1 token after 9 cached" in result.stdout
-    assert graphtrace.load(str(tmp_path / "out")).step_info[-1].phase == "decode"
+    out = tmp_path / "out"
+    assert main(["capture", f"{factory}:build", "-o", str(out), "--generate", "3", "--values", "none"]) == 0
+    printed = capsys.readouterr().out
+    assert "traced LlamaForCausalLM (3 forward calls" in printed and "step_0/ ... step_2/" in printed
+    assert [info.phase for info in graphtrace.load(str(out)).step_info] == ["prefill", "decode", "decode"]
+    assert main(["capture", f"{factory}:plain", "-o", str(tmp_path / "out2"), "--generate", "3"]) == 2
+    assert "--generate needs a model with a generate() method" in capsys.readouterr().err

@@ -35,19 +35,23 @@ def add_capture_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ops", action="store_true", help="also record functional ops inside fx-traced modules")
 
 
+def capture_options(args: argparse.Namespace) -> dict[str, object]:
+    """The keyword arguments of ``graphtrace.capture`` / ``tracing`` that :func:`add_capture_options` parsed, with
+    ``path`` set to ``args.output``."""
+    return {
+        "path": args.output,
+        "values": args.values,
+        "prune_layers": args.prune_layers,
+        "strategy": args.strategy,
+        "ops": args.ops,
+    }
+
+
 def capture_with_options(model: object, inputs: object, args: argparse.Namespace) -> Trace:
     """``graphtrace.capture`` with the options of :func:`add_capture_options`, saving into ``args.output``."""
     from graphtrace.api import capture
 
-    return capture(
-        model,  # type: ignore[arg-type]
-        inputs,
-        path=args.output,
-        values=args.values,
-        prune_layers=args.prune_layers,
-        strategy=args.strategy,
-        ops=args.ops,
-    )
+    return capture(model, inputs, **capture_options(args))  # type: ignore[arg-type]
 
 
 def trace_summary(trace: Trace) -> str:
@@ -74,6 +78,10 @@ def describe_files(directory: Path) -> str:
         role = next((text for suffix, text in _FILE_ROLES.items() if path.name.endswith(suffix)), None)
         if role is not None:
             lines.append(f"  {path.name:<48} {_size(path):>9}  {role}")
+    steps = sorted(directory.glob("step_*"), key=lambda path: int(path.name.removeprefix("step_")))
+    if steps:
+        folders = f"{steps[0].name}/ ... {steps[-1].name}/"
+        lines.append(f"  {folders:<48} {'':>9}  each forward call's files (transformers format)")
     if tensors:
         total = sum(path.stat().st_size for path in tensors)
         lines.append(f"  {len(tensors)} .safetensors files, {total / 2**20:.1f} MB in all")
