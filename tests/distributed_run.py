@@ -112,12 +112,12 @@ def sharded_capture(rank: int, world: int, directory: Path) -> dict[str, Any]:
 
     model, inputs, unsharded = tensor_parallel_llama(world)
     before = _patched(model)
-    with graphtrace.tracing(model, path=directory / "default", values="safetensors") as session:
+    with graphtrace.tracing(model, path=directory / "default", values="none") as session:
         patched_inside = _patched(model)
         with torch.no_grad():
             logits = model(**inputs).logits
     trace = graphtrace.capture(model, inputs, path=directory / "all", values="safetensors", ranks="all")
-    with graphtrace.tracing(model, path=directory / "generate", ranks="all") as generating:
+    with graphtrace.tracing(model, path=directory / "generate", values="none", ranks="all") as generating:
         model.generate(inputs["input_ids"], max_new_tokens=2, do_sample=False)
     assert session.trace is not None and generating.trace is not None
     return {
@@ -144,7 +144,7 @@ def rank_one_fails(rank: int, world: int, directory: Path) -> None:
                 raise RuntimeError("rank 1 fails on purpose")
 
         model.model.layers[1].mlp.act_fn = Fails()
-    graphtrace.capture(model, inputs, path=directory / "trace", ranks="all")
+    graphtrace.capture(model, inputs, path=directory / "trace", values="none", ranks="all")
 
 
 def sharded_job(rank: int, world: int, directory: Path) -> dict[str, Any]:

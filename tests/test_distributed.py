@@ -51,7 +51,13 @@ def test_ranks_all_writes_one_trace_per_rank_with_differing_local_shards(sharded
     traces = [graphtrace.load(str(directory / "all" / f"rank_{rank}")) for rank in (0, 1)]
     assert [trace.meta.rank for trace in traces] == [0, 1]
 
-    whole = graphtrace.capture(*zoo.llama(), path=directory / "unsharded", values="safetensors")
+    model, inputs = zoo.llama()  # the same weights, unsharded
+    whole: dict[str, torch.Tensor] = {}
+    for path in (GATE, DOWN):
+        module = model.get_submodule(path.split(".", 1)[1])
+        module.register_forward_hook(lambda _m, _i, output, path=path: whole.__setitem__(path, output))
+    with torch.no_grad():
+        model(**inputs)
 
     def value(trace: graphtrace.Trace, path: str) -> torch.Tensor:
         record = trace.find(path).outputs
@@ -68,13 +74,13 @@ def test_ranks_all_writes_one_trace_per_rank_with_differing_local_shards(sharded
         )
     halves = [value(trace, GATE) for trace in traces]
     assert not torch.allclose(halves[0], halves[1])
-    assert torch.allclose(torch.cat(halves, dim=-1), value(whole, GATE), atol=1e-6)
+    assert torch.allclose(torch.cat(halves, dim=-1), whole[GATE], atol=1e-6)
     # down_proj is row-wise: each rank holds a partial sum of the full output
     down = traces[0].find(DOWN).outputs
     assert down.dtensor is not None and down.dtensor.placements == "(Partial(sum),)"  # type: ignore[union-attr]
     partials = [value(trace, DOWN) for trace in traces]
     assert not torch.allclose(partials[0], partials[1])
-    assert torch.allclose(partials[0] + partials[1], value(whole, DOWN), atol=1e-6)
+    assert torch.allclose(partials[0] + partials[1], whole[DOWN], atol=1e-6)
     # the spec files stay as transformers writes them: the local shape, no DTensor keys
     summary = (directory / "all" / "rank_1" / "LlamaForCausalLM_debug_tree_SUMMARY.json").read_text()
     assert '"shape": "torch.Size([1, 7, 32])"' in summary and "placements" not in summary and "dtensor" not in summary
