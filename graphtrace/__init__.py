@@ -8,6 +8,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# `graphtrace.compare` is both a package and its function; importing the (torch-free) function here, eagerly, makes
+# the name mean the function whatever imports the package's modules later.
+from graphtrace.compare import compare
 from graphtrace.errors import GraphtraceError
 from graphtrace.model import CallNode, TensorRecord, Trace
 
@@ -23,6 +26,8 @@ __all__ = [
     "CallNode",
     "TensorRecord",
     "load",
+    # comparing traces
+    "compare",
     # errors
     "GraphtraceError",
 ]

@@ -262,6 +262,13 @@ class Trace:
                 node = failed[-1]
         return None
 
+    def first_nonfinite(self) -> CallNode | None:
+        """The first call, in the order calls returned, whose output holds NaN or Inf while its inputs are finite:
+        where non-finite values were made. None when there is none (see :mod:`graphtrace.compare.nonfinite`)."""
+        from graphtrace.compare.nonfinite import first_nonfinite
+
+        return first_nonfinite(self)
+
     def with_pruned_layers(self) -> Trace:
         """A copy in which every run of more than two layer blocks keeps only its first and last (as transformers)."""
         return dataclasses.replace(self, steps=tuple(prune_layer_blocks(step) for step in self.steps))

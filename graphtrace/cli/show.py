@@ -17,6 +17,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("trace", metavar="TRACE", help="trace directory (or one of its JSON files)")
     parser.add_argument("--depth", type=int, default=None, help="show calls down to this depth (root = 0)")
     parser.add_argument("--step", type=int, default=None, help="show only this top-level call (default: all)")
+    parser.add_argument(
+        "--nonfinite",
+        action="store_true",
+        help="name the first call whose output holds NaN or Inf while its inputs are finite, instead of the tree",
+    )
     parser.set_defaults(run=run)
 
 
@@ -123,6 +128,11 @@ def run(args: argparse.Namespace) -> int:
     meta = trace.meta
     rank = f"rank {meta.rank} of {meta.world_size}, " if meta.world_size > 1 else ""
     print(f"{meta.model_class}: {rank}{len(trace.steps)} forward call(s), {calls} calls, captured with {meta.strategy}")
+    if args.nonfinite:
+        from graphtrace.compare.nonfinite import describe_nonfinite
+
+        print(describe_nonfinite(trace))
+        return 0
     steps = list(enumerate(trace.steps))
     if args.step is not None:
         steps = [steps[args.step]]
