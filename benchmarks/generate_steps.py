@@ -3,9 +3,9 @@
     python benchmarks/generate_steps.py [--layers 4] [--hidden 256] [--prompt 32] [--new 32] [--repeat 3]
 
 Prints the best wall time of each variant over the repeats (the variants take turns, so that load from elsewhere
-hits them alike; the minimum is the least disturbed run) and its ratio to plain generate(). The model is a Llama built from its
-config with random weights. "no cache state" turns off the per-step cache record (Recorder(step_caches=False)) to
-show what that record costs.
+hits them alike; the minimum is the least disturbed run) and its ratio to plain generate(). The model is a Llama
+built from its config with random weights. "no cache state" turns off the per-step cache record
+(Recorder(step_caches=False)) to show what that record costs.
 """
 
 from __future__ import annotations

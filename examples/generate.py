@@ -32,7 +32,8 @@ def main(output: str) -> None:
 
     trace = session.trace
     assert trace is not None
-    print(f"generated {generated[0, prompt.shape[1]:].tolist()}; traced {len(trace.steps)} forward calls into {output}/")
+    new_tokens = generated[0, prompt.shape[1]:].tolist()
+    print(f"generated {new_tokens}; traced {len(trace.steps)} forward calls into {output}/")
     for number, info in enumerate(trace.step_info):
         if info.phase == "prefill":
             print(f"step {number}: prefill, {info.new_tokens} tokens into an empty cache")

@@ -176,8 +176,9 @@ class StepInfo:
     """What one top-level call did to the key/value cache passed to it (a transformers ``Cache``, as in ``generate()``).
 
     ``cached_tokens`` is how many tokens the cache held before the call and ``new_tokens`` how many it gained (None
-    when no cache was passed, or its length is not defined). ``cache`` is what the cache held after the call: ``{"type": "DynamicCache", "layers":
-    ({"type": "DynamicLayer", "keys": TensorRecord, "values": TensorRecord}, ...)}`` (statistics, no full values).
+    when no cache was passed, or its length is not defined). ``cache`` is what the cache held after the call:
+    ``{"type": "DynamicCache", "layers": ({"type": "DynamicLayer", "keys": TensorRecord, "values": TensorRecord},
+    ...)}`` (statistics, no full values).
     """
 
     cached_tokens: int | None = None

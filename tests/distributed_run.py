@@ -73,9 +73,8 @@ def run_ranks(
             continue
         outcome_file = directory / f"outcome_{rank}.json"
         outcome = json.loads(outcome_file.read_text()) if outcome_file.is_file() else {}
-        results.append(
-            RankResult(rank, process.exitcode, outcome.get("result"), outcome.get("error"), tuple(outcome.get("notes", ())))
-        )
+        notes = tuple(outcome.get("notes", ()))
+        results.append(RankResult(rank, process.exitcode, outcome.get("result"), outcome.get("error"), notes))
     return results
 
 

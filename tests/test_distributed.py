@@ -1,4 +1,4 @@
-"""Ranks and DTensors: real torch.distributed jobs of 2 gloo processes on CPU, a Llama sharded with tensor parallelism."""
+"""Ranks and DTensors: real torch.distributed jobs of 2 gloo processes on CPU, a Llama sharded by tensor parallelism."""
 
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ def test_ranks_all_writes_one_trace_per_rank_with_differing_local_shards(sharded
     gate = [trace.find(GATE).outputs for trace in traces]
     assert [record.shape for record in gate] == [(1, 7, 32), (1, 7, 32)]  # type: ignore[union-attr]
     for record in gate:
-        assert record.dtensor is not None  # type: ignore[union-attr]
-        assert (record.dtensor.placements, record.dtensor.mesh_shape, record.dtensor.global_shape) == (  # type: ignore[union-attr]
+        info = record.dtensor  # type: ignore[union-attr]
+        assert info is not None and (info.placements, info.mesh_shape, info.global_shape) == (
             "(Shard(dim=2),)", (2,), (1, 7, 64)
         )
     halves = [value(trace, GATE) for trace in traces]

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import graphtrace
-from graphtrace.model import StepInfo, TensorRecord
+from graphtrace.model import CallNode, StepInfo, TensorRecord
 from tests import zoo
 from tests.conftest import assert_same_trace_files, run_ours, run_reference
 
@@ -108,7 +108,11 @@ def test_a_recorder_that_does_not_keep_steps_hands_each_one_over() -> None:
 
     model = nn.Sequential(nn.Linear(3, 3))
     handed: list[tuple[int, ...]] = []
-    recorder = Recorder(on_step=lambda step: handed.append(step.args[0].shape), keep_steps=False)  # type: ignore[union-attr]
+
+    def hand_over(step: CallNode) -> None:
+        handed.append(step.args[0].shape)  # type: ignore[union-attr]
+
+    recorder = Recorder(on_step=hand_over, keep_steps=False)
     ledger = PatchLedger()
     attach_eager(model, recorder, ledger, root_no_grad=False)
     try:
@@ -168,7 +172,8 @@ def test_shim_keeps_the_last_forward_of_generate_like_transformers(tmp_path: Pat
     assert_same_trace_files(reference, ours)
     summary = json.loads((ours / "LlamaForCausalLM_debug_tree_SUMMARY.json").read_text())
     assert summary["inputs"]["kwargs"]["input_ids"]["shape"] == "torch.Size([1, 1])"  # the last decoding step
-    assert summary["inputs"]["kwargs"]["past_key_values"] == "DynamicCache(layers=[DynamicLayer, DynamicLayer, DynamicLayer])"
+    cache_repr = "DynamicCache(layers=[DynamicLayer, DynamicLayer, DynamicLayer])"
+    assert summary["inputs"]["kwargs"]["past_key_values"] == cache_repr
     assert not list(ours.glob("step_*"))
 
 
