@@ -39,8 +39,8 @@ def main(output: str) -> None:
             print(f"step {number}: prefill, {info.new_tokens} tokens into an empty cache")
         else:
             print(f"step {number}: {info.phase}, {info.new_tokens} token after {info.cached_tokens} cached")
-    keys = trace.step_info[-1].cache["layers"][0]["keys"]  # type: ignore[index]
-    print(f"layer 0's cached keys after the last step: shape {list(keys.shape)}, mean {keys.stats.mean:.4f}")
+    keys = trace.step_info[0].cache["layers"][0]["keys"]  # type: ignore[index]
+    print(f"layer 0's cached keys after the prefill: shape {list(keys.shape)}, mean {keys.stats.mean:.4f}")
     print(f"next: graphtrace show {output} --depth 1")
 
 

@@ -178,7 +178,7 @@ class StepInfo:
     ``cached_tokens`` is how many tokens the cache held before the call and ``new_tokens`` how many it gained (None
     when no cache was passed, or its length is not defined). ``cache`` is what the cache held after the call:
     ``{"type": "DynamicCache", "layers": ({"type": "DynamicLayer", "keys": TensorRecord, "values": TensorRecord},
-    ...)}`` (statistics, no full values).
+    ...)}``, no full values; the records carry statistics after a prefill only (the whole cache is then the call's).
     """
 
     cached_tokens: int | None = None

@@ -46,17 +46,22 @@ def test_generate_gives_one_step_per_forward_and_tells_prefill_from_decode(tmp_p
         assert isinstance(recorded, TensorRecord) and recorded.stats is not None
         assert recorded.stats.mean == pytest.approx(logits.mean().item(), rel=1e-5)
 
-    # the cache after the last step is the one generate() returns: same shapes, same statistics
-    cache = trace.step_info[-1].cache
-    assert isinstance(cache, dict) and cache["type"] == "DynamicCache"
-    layers = cache["layers"]
+    # the cache after the prefill holds the prompt's keys and values: the first 7 positions of the cache generate()
+    # returns, with their statistics; after a decoding step the cache is recorded by shape only
+    prefilled, last = trace.step_info[0].cache, trace.step_info[-1].cache
+    assert isinstance(prefilled, dict) and prefilled["type"] == "DynamicCache"
+    layers = prefilled["layers"]
     assert isinstance(layers, tuple) and len(layers) == zoo.LAYERS
-    for recorded_layer, real_layer in zip(layers, traced.past_key_values.layers, strict=True):
+    for i, (recorded_layer, real_layer) in enumerate(zip(layers, traced.past_key_values.layers, strict=True)):
         assert recorded_layer["type"] == "DynamicLayer"  # type: ignore[index]
-        keys = recorded_layer["keys"]  # type: ignore[index]
-        assert isinstance(keys, TensorRecord) and keys.shape == (1, 2, 7 + NEW_TOKENS - 1, 8)
-        assert keys.stats is not None and keys.stats.mean == pytest.approx(real_layer.keys.mean().item(), rel=1e-5)
-        assert keys.value is None and keys.file is None  # statistics only: the spec files never hold cache tensors
+        for name, real in (("keys", real_layer.keys), ("values", real_layer.values)):
+            record = recorded_layer[name]  # type: ignore[index]
+            assert isinstance(record, TensorRecord) and record.shape == (1, 2, 7, 8)
+            assert record.stats is not None and record.value is None and record.file is None
+            assert record.stats.mean == pytest.approx(real[:, :, :7].mean().item(), rel=1e-5)
+            assert record.stats.max == real[:, :, :7].max().item()
+        after = last["layers"][i]["keys"]  # type: ignore[index]
+        assert after.shape == (1, 2, 7 + NEW_TOKENS - 1, 8) and after.stats is None
 
     # each step's files in its own folder; the decoding step's input is the one new token
     for i in range(NEW_TOKENS):

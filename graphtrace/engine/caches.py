@@ -3,7 +3,9 @@
 ``generate()`` passes one cache object to every forward call and the model fills it in place. A step's cache tells
 what the step was: a prefill when the cache was empty, a decoding step when it already held tokens. The cache's
 ``repr`` (``DynamicCache(layers=[DynamicLayer, ...])``) says little, so a step also records what the cache holds
-afterwards: each layer's tensors, with statistics.
+afterwards: each layer's tensors, by shape and dtype. Their statistics are computed when the step filled an empty
+cache (a prefill: everything in it is the step's own); a decoding step adds a token to a cache it would otherwise
+read whole again, so statistics there would cost O(cache) per token for numbers dominated by earlier steps.
 
 Caches are recognised by their classes, without importing transformers: a cache is an instance of a class named
 ``Cache`` defined in transformers, and its parts (layers, sub-caches) are instances of classes from
@@ -66,11 +68,13 @@ class StepCache:
         self.cache = cache
         self.before = _seq_length(cache)
 
-    def step_info(self, record: Callable[[torch.Tensor], TensorRecord]) -> StepInfo:
-        """The step's :class:`StepInfo`, the cache's tensors turned into records by ``record``."""
+    def step_info(self, record: Callable[[torch.Tensor, bool], TensorRecord]) -> StepInfo:
+        """The step's :class:`StepInfo`; ``record(tensor, statistics)`` turns the cache's tensors into records."""
         after = _seq_length(self.cache)
         new = after - self.before if after is not None and self.before is not None else None
-        return StepInfo(cached_tokens=self.before, new_tokens=new, cache=_state(self.cache, record, 0))
+        filled = self.before == 0
+        state = _state(self.cache, lambda tensor: record(tensor, filled), 0)
+        return StepInfo(cached_tokens=self.before, new_tokens=new, cache=state)
 
 
 def _state(part: Any, record: Callable[[torch.Tensor], TensorRecord], depth: int) -> Value:

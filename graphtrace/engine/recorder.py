@@ -25,6 +25,7 @@ from graphtrace.reprs import sanitize_repr, spec_printoptions
 __all__ = ["Frame", "Recorder", "ValueSink"]
 
 _PLAIN_SCALARS = frozenset({type(None), bool, int, float, str})
+_NO_SUMMARY = TensorSummary(None, None, 0, 0)
 
 
 class ValueSink(Protocol):
@@ -295,12 +296,12 @@ class Recorder:
                 lines = seen.lines
         return _record(tensor, seen.summary, lines, file, dtensor)
 
-    def _state_tensor(self, value: torch.Tensor) -> TensorRecord:
-        """A record of a tensor held as state (a cache's keys): statistics only, no value, no data flow."""
+    def _state_tensor(self, value: torch.Tensor, statistics: bool) -> TensorRecord:
+        """A record of a tensor held as state (a cache's keys): no value, no data flow, statistics when asked."""
+        dtensor = None
         if hasattr(value, "_local_tensor"):
-            local = value._local_tensor
-            return _record(local, self._remember(local).summary, None, None, _dtensor_info(value))
-        return _record(value, self._remember(value).summary, None, None, None)
+            value, dtensor = value._local_tensor, _dtensor_info(value)
+        return _record(value, self._remember(value).summary if statistics else _NO_SUMMARY, None, None, dtensor)
 
     def _remember(self, tensor: torch.Tensor) -> _Seen:
         """The cached facts about ``tensor``, recomputed when it is new or was modified in place since."""
