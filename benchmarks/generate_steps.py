@@ -1,6 +1,6 @@
 """What tracing a generate() call costs: plain generate() against tracing() with and without the per-step cache.
 
-    python benchmarks/generate_steps.py [--layers 4] [--hidden 256] [--prompt 32] [--new 32] [--repeat 3]
+    python benchmarks/generate_steps.py [--layers 4] [--hidden 256] [--prompt 32] [--new 32] [--repeat 3] [--threads 1]
 
 Prints the best wall time of each variant over the repeats (the variants take turns, so that load from elsewhere
 hits them alike; the minimum is the least disturbed run) and its ratio to plain generate(). The model is a Llama
@@ -40,7 +40,9 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
 
     config = LlamaConfig(
         vocab_size=1000, hidden_size=args.hidden, intermediate_size=args.hidden * 2, num_hidden_layers=args.layers,
