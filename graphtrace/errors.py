@@ -4,7 +4,8 @@ Every user mistake raises a subclass of :class:`GraphtraceError` that also subcl
 naturally catch (``TypeError`` for a wrong kind of object, ``ValueError`` for a wrong value, ...), so that
 ``except ValueError`` keeps working. Messages name the offending thing, state the rule and give the remedy.
 
-Errors raised inside the user's own forward are never wrapped: they propagate with their own type.
+Errors raised inside the user's own forward are never wrapped: they propagate with their own type. The one warning,
+:class:`GraphvizWarning`, says that a call graph could not be drawn where a trace was saved regardless.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ __all__ = [
     "UnsupportedTensorError",
     "FxCaptureError",
     "GraphvizNotFoundError",
+    "GraphvizFailedError",
+    "GraphvizWarning",
 ]
 
 
@@ -56,3 +59,11 @@ class FxCaptureError(GraphtraceError, RuntimeError):
 
 class GraphvizNotFoundError(GraphtraceError, RuntimeError):
     """Graphviz's ``dot`` program is not installed."""
+
+
+class GraphvizFailedError(GraphtraceError, RuntimeError):
+    """Graphviz's ``dot`` ran but could not draw the call graph."""
+
+
+class GraphvizWarning(UserWarning):
+    """The call graph beside a saved trace could not be drawn; the trace itself was saved."""

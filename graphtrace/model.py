@@ -14,10 +14,12 @@ import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time to keep this module torch-free
     import os
+
+    import networkx as nx
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -276,10 +278,18 @@ class Trace:
 
     # Conveniences that delegate to the writers; imported lazily so that the data model stays a leaf of the imports.
     def save(self, directory: str | os.PathLike[str], *, graph: bool = True) -> list[str]:
-        """Write the trace into ``directory`` (see :func:`graphtrace.io.save_trace`); returns the files written."""
-        from graphtrace.io.trace_files import save_trace
+        """Write the trace into ``directory`` (see :func:`graphtrace.io.save_trace`) and, with ``graph``, its call
+        graph as ``{Class}_call_graph.svg`` and ``.dot``; returns the files written."""
+        from graphtrace.saving import save
 
-        return save_trace(self, directory, graph=graph)
+        return save(self, directory, graph=graph)
+
+    def to_graph(self, **options: Any) -> nx.DiGraph:
+        """The call graph of a step as a networkx DiGraph: calls as nodes, nesting in ``parent``, data flow as edges.
+        Options (``step``, ``depth``, ``focus``, ``unfold``, ``max_boxes``) as :func:`graphtrace.render.call_graph`."""
+        from graphtrace.render import call_graph
+
+        return call_graph(self, **options)
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> Trace:

@@ -30,11 +30,11 @@ def _build(model_class: Any, config: Any, seed: int = 0) -> torch.nn.Module:
     return model_class(config).eval()
 
 
-def llama() -> Example:
+def llama(layers: int = LAYERS) -> Example:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
     )
     return _build(LlamaForCausalLM, config), {"input_ids": _ids()}

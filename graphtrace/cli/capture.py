@@ -15,6 +15,7 @@ from graphtrace.cli.common import (
     capture_options,
     capture_with_options,
     describe_files,
+    graph_warnings_reported,
     trace_summary,
 )
 from graphtrace.errors import InvalidOptionError
@@ -108,7 +109,7 @@ def generate_with_options(model: Any, inputs: Any, args: argparse.Namespace) -> 
             f"--generate passes the inputs to generate() as keyword arguments; {args.target} returned "
             f"{type(inputs).__name__}. Return a dict (e.g. a tokenizer's output) or the input ids tensor."
         )
-    with tracing(model, **capture_options(args)) as session, torch.no_grad():  # type: ignore[arg-type]
+    with graph_warnings_reported(args), tracing(model, **capture_options(args)) as session:  # type: ignore[arg-type]
         model.generate(**inputs, max_new_tokens=args.generate, do_sample=False)
     assert session.trace is not None
     return session.trace

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from graphtrace.errors import GraphvizWarning
 from graphtrace.model import Trace
 
 _FILE_ROLES = {
@@ -48,10 +53,25 @@ def capture_options(args: argparse.Namespace) -> dict[str, object]:
 
 
 def capture_with_options(model: object, inputs: object, args: argparse.Namespace) -> Trace:
-    """``graphtrace.capture`` with the options of :func:`add_capture_options`, saving into ``args.output``."""
+    """``graphtrace.capture`` with the options of :func:`add_capture_options`, saving into ``args.output``; a call
+    graph that could not be drawn is reported as one line on stderr."""
     from graphtrace.api import capture
 
-    return capture(model, inputs, **capture_options(args))  # type: ignore[arg-type]
+    with graph_warnings_reported(args):
+        return capture(model, inputs, **capture_options(args))  # type: ignore[arg-type]
+
+
+@contextmanager
+def graph_warnings_reported(args: argparse.Namespace) -> Iterator[None]:
+    """Saving inside the block reports a call graph that could not be drawn as one line on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", GraphvizWarning)
+        yield
+    for warning in caught:
+        if issubclass(warning.category, GraphvizWarning):
+            print(f"graphtrace {args.command}: warning: {warning.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def trace_summary(trace: Trace) -> str:

@@ -9,7 +9,8 @@ Layout of ``save_trace(trace, d)`` for a trace of one step::
 
 A trace of several steps (several top-level forward calls) puts each step's spec files and values in ``d/step_{i}/``
 and one ``{Class}_graphtrace.json`` holding all steps in ``d``. When several ranks of a torch.distributed job record,
-each rank's trace directory is ``d/rank_{r}/``.
+each rank's trace directory is ``d/rank_{r}/``. The call graph beside them is drawn by ``graphtrace.saving`` (io and
+render do not import each other).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def referenced_files(node: CallNode) -> set[str]:
     return {record.file for record in _all_tensors(node) if record.file is not None}
 
 
-def save_trace(trace: Trace, directory: str | os.PathLike[str], *, graph: bool = True) -> list[str]:
+def save_trace(trace: Trace, directory: str | os.PathLike[str]) -> list[str]:
     """Write ``trace`` into ``directory`` (layout in the module docstring); returns the paths written.
 
     A trace captured with ``prune_layers`` is saved pruned, graphtrace's own file included; safetensors files that
@@ -111,14 +112,7 @@ def save_trace(trace: Trace, directory: str | os.PathLike[str], *, graph: bool =
     with open(own, "w", encoding="utf-8") as handle:
         json.dump(trace_to_json(trace), handle, indent=1, allow_nan=False)
     written.append(own)
-    if graph and trace.steps:
-        written += _save_graph(trace, target)
     return [str(path) for path in written]
-
-
-def _save_graph(trace: Trace, target: Path) -> list[Path]:
-    """The call graph beside the JSON, when the renderer is available (see graphtrace.render)."""
-    return []
 
 
 def find_trace_file(path: str | os.PathLike[str]) -> Path:
