@@ -70,7 +70,7 @@ def model_addition_debugger_context(
             for file in referenced_files(step) - referenced_files(tree):
                 (directory / file).unlink(missing_ok=True)
 
-    recorder = Recorder(sink, on_step=write_step)
+    recorder = Recorder(sink, on_step=write_step, keep_steps=False)  # each call's files replace the last's
     ledger = PatchLedger()
     try:
         attach_eager(model, recorder, ledger, root_no_grad=False)

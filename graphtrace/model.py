@@ -29,6 +29,7 @@ __all__ = [
     "CallNode",
     "DTensorInfo",
     "Stats",
+    "StepInfo",
     "TensorRecord",
     "Trace",
     "TraceMeta",
@@ -179,6 +180,29 @@ class CallNode:
 
 
 @dataclass(frozen=True, slots=True)
+class StepInfo:
+    """What one top-level call did to the key/value cache passed to it (a transformers ``Cache``, as in ``generate()``).
+
+    ``cached_tokens`` is how many tokens the cache held before the call and ``new_tokens`` how many it gained (None
+    when no cache was passed, or its length is not defined). ``cache`` is what the cache held after the call:
+    ``{"type": "DynamicCache", "layers": ({"type": "DynamicLayer", "keys": TensorRecord, "values": TensorRecord},
+    ...)}``, no full values; the records carry statistics after a prefill only (the whole cache is then the call's).
+    """
+
+    cached_tokens: int | None = None
+    new_tokens: int | None = None
+    cache: Value | None = None
+
+    @property
+    def phase(self) -> Literal["forward", "prefill", "decode"]:
+        """``"prefill"`` when the call filled an empty cache, ``"decode"`` when the cache already held tokens,
+        ``"forward"`` when no cache was passed."""
+        if self.cached_tokens is None:
+            return "forward"
+        return "decode" if self.cached_tokens > 0 else "prefill"
+
+
+@dataclass(frozen=True, slots=True)
 class TraceMeta:
     """How a trace was made. ``values`` says what FULL_TENSORS holds: ``"repr"`` lines, ``"safetensors"`` files, or
     ``"none"`` (statistics only)."""
@@ -201,19 +225,25 @@ class Trace:
     """The calls of one or more top-level forwards (``steps``), and how they were captured.
 
     ``fallbacks`` maps a module path to the reason torch.fx could not serve it. ``directory`` is where the trace's
-    files live once saved or streamed (safetensors values are relative to it).
+    files live once saved or streamed (safetensors values are relative to it). ``step_info`` holds one
+    :class:`StepInfo` per step (prefill or decode, the cache after it); it is empty for traces read from
+    transformers' files.
     """
 
     steps: tuple[CallNode, ...]
     meta: TraceMeta
     fallbacks: Mapping[str, str] = field(default_factory=dict)
     directory: str | None = None
+    step_info: tuple[StepInfo, ...] = ()
 
     @property
     def root(self) -> CallNode:
         """The last top-level call: the only one when a single forward ran."""
         if not self.steps:
-            raise LookupError("this trace recorded no forward call (was the model called on a non-zero rank?)")
+            raise LookupError(
+                f"this trace recorded no forward call (rank {self.meta.rank} of {self.meta.world_size}; only the "
+                "ranks chosen with ranks=... record, rank 0 by default)"
+            )
         return self.steps[-1]
 
     def walk(self) -> Iterator[CallNode]:

@@ -3,7 +3,8 @@
 Both capture strategies (forward wrapping and torch.fx graphs) report the same three events: a call begins, a call
 returns, a call raises. The recorder keeps the call stack, numbers repeated calls of a module (``path@N``), turns
 tensors into :class:`~graphtrace.model.TensorRecord`\\ s and assembles the :class:`~graphtrace.model.CallNode` tree.
-Each top-level call becomes a *step*; a call that starts outside any top-level call is not recorded.
+Each top-level call becomes a *step*; a call that starts outside any top-level call is not recorded, unless
+``detached_steps`` makes it a step of its own (``generate()`` runs an encoder-decoder model's encoder that way).
 
 Not thread-safe: one recorder follows one forward at a time.
 """
@@ -16,13 +17,15 @@ from typing import Any, Protocol
 
 import torch
 
+from graphtrace.engine.caches import StepCache, find_cache
 from graphtrace.engine.stats import TensorSummary, summarize
-from graphtrace.model import CallKind, CallNode, DTensorInfo, TensorRecord, Value
+from graphtrace.model import CallKind, CallNode, DTensorInfo, StepInfo, TensorRecord, Value
 from graphtrace.reprs import sanitize_repr, spec_printoptions
 
 __all__ = ["Frame", "Recorder", "ValueSink"]
 
 _PLAIN_SCALARS = frozenset({type(None), bool, int, float, str})
+_NO_SUMMARY = TensorSummary(None, None, 0, 0)
 
 
 class ValueSink(Protocol):
@@ -96,11 +99,35 @@ def _dtensor_info(value: Any) -> DTensorInfo | None:
         return None
 
 
+def _record(
+    tensor: torch.Tensor,
+    summary: TensorSummary,
+    lines: tuple[str, ...] | None,
+    file: str | None,
+    dtensor: DTensorInfo | None,
+) -> TensorRecord:
+    return TensorRecord(
+        shape=tuple(tensor.shape),
+        dtype=str(tensor.dtype),
+        device=str(tensor.device),
+        stats=summary.stats,
+        spec_stats=summary.spec_stats,
+        nan_count=summary.nan_count,
+        inf_count=summary.inf_count,
+        value=lines,
+        file=file,
+        dtensor=dtensor,
+    )
+
+
 class Recorder:
     """Builds the call tree from begin/end/fail events.
 
     ``sink`` receives the tensors whose full value is wanted (None: statistics only). ``on_step_start`` is called with
     the number of each top-level call as it begins, ``on_step`` with each finished one, also when it raised.
+    ``detached_steps`` records a submodule call made outside any call of the model as a step of its own;
+    ``step_caches`` fills :attr:`step_info` (what each step did to the key/value cache passed to it);
+    ``keep_steps=False`` hands each step to ``on_step`` without keeping it (the transformers shim needs only the last).
     """
 
     def __init__(
@@ -108,12 +135,22 @@ class Recorder:
         sink: ValueSink | None = None,
         on_step: Callable[[CallNode], None] | None = None,
         on_step_start: Callable[[int], None] | None = None,
+        *,
+        detached_steps: bool = False,
+        step_caches: bool = False,
+        keep_steps: bool = True,
     ) -> None:
         self.sink = sink
         self._linewidth = sink.linewidth if sink is not None else None
         self.on_step = on_step
         self.on_step_start = on_step_start
+        self.detached_steps = detached_steps
+        self.step_caches = step_caches
+        self.keep_steps = keep_steps
         self.steps: list[CallNode] = []
+        self.step_info: list[StepInfo] = []
+        self._step_count = 0
+        self._step_cache: StepCache | None = None
         self._stack: list[Frame] = []
         self._counts: dict[str, int] = {}
         self._seen: dict[int, _Seen] = {}
@@ -142,12 +179,16 @@ class Recorder:
         An op's call (``kind="op"``, recorded by the fx engine) takes no part in data flow by tensor identity: the
         engine knows it from the graph."""
         if not self._stack:
-            if not root:
+            if not (root or self.detached_steps):
                 return None
+            root = True  # the first call of a step is its root, also a detached submodule call
             self._counts = {}
             self._seen = {}
+            if self.step_caches:
+                cache = find_cache((*args, *kwargs.values()))
+                self._step_cache = StepCache(cache) if cache is not None else None
             if self.on_step_start is not None:
-                self.on_step_start(len(self.steps))
+                self.on_step_start(self._step_count)
         index = self._counts.get(path, 0)
         self._counts[path] = index + 1
         frame = Frame(path, index, type_name, leaf, strategy, root, kind)
@@ -208,7 +249,12 @@ class Recorder:
         if self._stack:
             self._stack[-1].children.append(node)
             return
-        self.steps.append(node)
+        if self.step_caches:
+            watched, self._step_cache = self._step_cache, None
+            self.step_info.append(watched.step_info(self._state_tensor) if watched is not None else StepInfo())
+        if self.keep_steps:
+            self.steps.append(node)
+        self._step_count += 1
         self._seen = {}
         if self.on_step is not None:
             self.on_step(node)
@@ -274,7 +320,6 @@ class Recorder:
             seen.producer = frame.id
         elif seen.producer is not None and seen.producer not in frame.inputs_from:
             frame.inputs_from.append(seen.producer)
-        summary = seen.summary
         lines = file = None
         if store and self.sink is not None:
             if self.sink.per_name:
@@ -283,18 +328,14 @@ class Recorder:
                 if seen.lines is None:
                     seen.lines, _ = self.sink.store(tensor, name)
                 lines = seen.lines
-        return TensorRecord(
-            shape=tuple(tensor.shape),
-            dtype=str(tensor.dtype),
-            device=str(tensor.device),
-            stats=summary.stats,
-            spec_stats=summary.spec_stats,
-            nan_count=summary.nan_count,
-            inf_count=summary.inf_count,
-            value=lines,
-            file=file,
-            dtensor=dtensor,
-        )
+        return _record(tensor, seen.summary, lines, file, dtensor)
+
+    def _state_tensor(self, value: torch.Tensor, statistics: bool) -> TensorRecord:
+        """A record of a tensor held as state (a cache's keys): no value, no data flow, statistics when asked."""
+        dtensor = None
+        if hasattr(value, "_local_tensor"):
+            value, dtensor = value._local_tensor, _dtensor_info(value)
+        return _record(value, self._remember(value).summary if statistics else _NO_SUMMARY, None, None, dtensor)
 
     def _remember(self, tensor: torch.Tensor) -> _Seen:
         """The cached facts about ``tensor``, recomputed when it is new or was modified in place since."""

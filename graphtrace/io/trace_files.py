@@ -8,8 +8,9 @@ Layout of ``save_trace(trace, d)`` for a trace of one step::
     d/*.safetensors                          full values when captured with values="safetensors"
 
 A trace of several steps (several top-level forward calls) puts each step's spec files and values in ``d/step_{i}/``
-and one ``{Class}_graphtrace.json`` holding all steps in ``d``. The call graph beside them is drawn by
-``graphtrace.saving`` (io and render do not import each other).
+and one ``{Class}_graphtrace.json`` holding all steps in ``d``. When several ranks of a torch.distributed job record,
+each rank's trace directory is ``d/rank_{r}/``. The call graph beside them is drawn by ``graphtrace.saving`` (io and
+render do not import each other).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = [
     "find_trace_file",
     "load_trace",
     "prepare_directory",
+    "rank_directory",
     "save_trace",
     "step_directory",
     "referenced_files",
@@ -59,6 +61,11 @@ def prepare_directory(path: str | os.PathLike[str], *, what: str = "trace direct
 def step_directory(directory: Path, step: int, steps: int) -> Path:
     """Where step ``step`` of ``steps`` keeps its spec files and values."""
     return directory if steps == 1 else directory / f"step_{step}"
+
+
+def rank_directory(directory: str | os.PathLike[str], rank: int) -> Path:
+    """Where rank ``rank`` writes its trace when several ranks record."""
+    return Path(directory) / f"rank_{rank}"
 
 
 def _all_tensors(root: CallNode) -> Iterator[TensorRecord]:
@@ -124,6 +131,12 @@ def find_trace_file(path: str | os.PathLike[str]) -> Path:
             raise TraceFormatError(
                 f"{str(candidate)!r} holds traces of several models ({names}); pass the file of the one you want."
             )
+    ranks = sorted(p.name for p in candidate.glob("rank_*") if p.is_dir())
+    if ranks:
+        raise TraceFormatError(
+            f"{str(candidate)!r} holds one trace per rank ({', '.join(ranks)}); pass the folder of the rank you want, "
+            f"e.g. {str(candidate / ranks[0])!r}."
+        )
     raise TraceFormatError(
         f"{str(candidate)!r} holds no trace: expected a *{OWN_SUFFIX} file (graphtrace) or a *{SUMMARY_SUFFIX} "
         "file (transformers' model_addition_debugger_context)."

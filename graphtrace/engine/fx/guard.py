@@ -10,7 +10,8 @@ here, at the ATen level, below every Python wrapper, so that no functional API c
 * an operator that draws random numbers (it would advance the generator the real call depends on): an operator
   that may draw (tagged ``nondeterministic_seeded``) runs with the generators' states kept, and if it drew they are
   put back and it is refused;
-* a collective operation (other ranks would not take part).
+* a collective operation, or any operation on a tensor subclass that dispatches itself, such as a DTensor (other
+  ranks would not take part).
 
 The offending operator is refused with :class:`Refused` before it runs (a random draw: after, with the generators
 restored), so nothing has changed when it is raised.
@@ -27,7 +28,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["ReplayGuard", "Refused", "TraceGuard", "difference", "tensors_in"]
+__all__ = ["ReplayGuard", "Refused", "TraceGuard", "difference", "dispatches_itself", "tensors_in"]
 
 _COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_dtensor"})
 
@@ -46,6 +47,13 @@ def tensors_in(value: Any) -> Iterable[torch.Tensor]:
     elif isinstance(value, dict):
         for item in value.values():
             yield from tensors_in(item)
+
+
+def dispatches_itself(tensor: torch.Tensor) -> bool:
+    """A tensor subclass with its own ``__torch_dispatch__`` (a DTensor): its operators run code of its own, which
+    may communicate with other ranks below any guard. Fake tensors, graphtrace's own metadata, are not counted."""
+    kind = type(tensor)
+    return kind.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__ and not issubclass(kind, FakeTensor)
 
 
 def _storage_key(tensor: torch.Tensor) -> int | None:
@@ -71,6 +79,9 @@ class _Guard(TorchDispatchMode):
         name = func.name()
         if func.namespace in _COLLECTIVE_NAMESPACES:
             raise Refused(f"communicates with other processes ({name})")
+        for tensor in tensors_in((args, kwargs)):
+            if dispatches_itself(tensor):
+                raise Refused(f"computes on {type(tensor).__name__} values, whose operators may communicate ({name})")
         schema = func._schema
         if schema.is_mutable:
             for position, argument in enumerate(schema.arguments):
@@ -150,6 +161,8 @@ class ReplayGuard(_Guard):
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a is b:
         return True
+    if dispatches_itself(a) or dispatches_itself(b):  # comparing two DTensors could communicate: never done
+        return False
     if type(a) is not type(b) or a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
         return False
     if a.layout != torch.strided or b.layout != torch.strided:

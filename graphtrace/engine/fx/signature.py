@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
+from graphtrace.engine.fx.guard import dispatches_itself
 from graphtrace.engine.fx.structure import Structure, flatten
 
 __all__ = ["CONSTANT", "OPAQUE", "TENSOR", "Signature", "is_constant", "leaf_kind", "signature"]
@@ -34,7 +35,7 @@ TENSOR, CONSTANT, OPAQUE = "tensor", "constant", "opaque"
 
 def leaf_kind(value: Any) -> str:
     if isinstance(value, torch.Tensor):
-        return TENSOR
+        return OPAQUE if dispatches_itself(value) else TENSOR  # a DTensor is passed along, never computed on
     if type(value) in _CONSTANT_TYPES or isinstance(value, enum.Enum):
         return CONSTANT
     return OPAQUE

@@ -41,7 +41,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.node import map_aggregate
 from torch.utils._python_dispatch import _disable_current_modes
 
-from graphtrace.engine.fx.guard import TraceGuard
+from graphtrace.engine.fx.guard import TraceGuard, dispatches_itself
 from graphtrace.engine.fx.signature import CONSTANT, TENSOR, Signature, is_constant, leaf_kind
 from graphtrace.engine.fx.snapshot import restore, snapshot
 from graphtrace.engine.fx.structure import Structure, flatten, leaf_paths, unflatten
@@ -128,6 +128,8 @@ def impurity(op: str, target: Any, receiver: Any) -> str | None:
     """Why running this node again could change Python state the tensor guard cannot see (a method of a
     non-tensor object such as a cache's ``update``, a function from outside torch and the standard library);
     None when it cannot."""
+    if isinstance(receiver, torch.Tensor) and dispatches_itself(receiver):
+        return f"computes on {type(receiver).__name__} values, whose operators may communicate with other processes"
     if op == "call_method":
         if isinstance(receiver, torch.Tensor):
             return None
@@ -318,6 +320,8 @@ class _ModuleTracer(fx.Tracer):
     def _fake(self, value: Any) -> Any:
         if isinstance(value, FakeTensor) or not isinstance(value, torch.Tensor):
             return value
+        if dispatches_itself(value):  # a DTensor parameter: not made fake, not looked into
+            return Opaque(value)
         with _disable_current_modes():
             return self._fake_mode.from_tensor(value)
 
