@@ -24,7 +24,8 @@ from torch import nn
 
 from graphtrace.engine import PatchLedger, Recorder, attach
 from graphtrace.engine.distributed import current_rank, world_size
-from graphtrace.errors import InvalidInputsError, InvalidModelError, InvalidOptionError
+from graphtrace.coverage import describe_fallbacks
+from graphtrace.errors import FxCaptureError, InvalidInputsError, InvalidModelError, InvalidOptionError
 from graphtrace.io.tensors import ReprSink, SafetensorsSink
 from graphtrace.io.trace_files import prepare_directory, rank_directory
 from graphtrace.model import Trace, TraceMeta
@@ -175,6 +176,23 @@ class Session:
             self.trace.save(self.directory)
         if exc is not None and self.recording:
             exc.add_note(self._failure_note())
+        elif self.strategy == "fx" and self.trace.fallbacks:
+            raise self._fx_error()
+
+    def _fx_error(self) -> FxCaptureError:
+        """strategy="fx" with modules fx could not serve: raised once the forward has run (nothing was disturbed:
+        those modules were captured by forward wrapping) and the trace is kept."""
+        assert self.trace is not None
+        fallbacks = dict(self.trace.fallbacks)
+        kept = f"saved to {self.directory}" if self.directory is not None else "kept on this error's .trace"
+        lines = "\n".join(f"  {line}" for line in describe_fallbacks(fallbacks))
+        return FxCaptureError(
+            f"strategy='fx': torch.fx could not serve {len(fallbacks)} module{'s' if len(fallbacks) != 1 else ''}:"
+            f"\n{lines}\nThe trace, with these modules captured by forward wrapping, is {kept}. Use "
+            "strategy='auto' to accept that, or strategy='eager' to skip torch.fx.",
+            fallbacks,
+            self.trace,
+        )
 
     def _settle_step_folders(self) -> None:
         """A session that streamed values into step_0/ and ran one step moves them up into the directory."""
@@ -213,7 +231,7 @@ class Session:
         return Trace(
             steps=tuple(recorder.steps),
             meta=meta,
-            fallbacks=self._fallbacks,
+            fallbacks=dict(self._fallbacks),
             directory=directory,
             step_info=tuple(recorder.step_info),
         )

@@ -54,7 +54,15 @@ class UnsupportedTensorError(GraphtraceError, TypeError):
 
 
 class FxCaptureError(GraphtraceError, RuntimeError):
-    """``strategy="fx"`` was requested but some modules cannot be traced by torch.fx."""
+    """``strategy="fx"`` was requested but some modules cannot be traced by torch.fx.
+
+    ``fallbacks`` maps each such module's path to the reason; ``trace`` is the trace that was recorded anyway (the
+    forward ran, those modules captured by forward wrapping)."""
+
+    def __init__(self, message: str, fallbacks: dict[str, str] | None = None, trace: object = None) -> None:
+        super().__init__(message)
+        self.fallbacks = dict(fallbacks or {})
+        self.trace = trace
 
 
 class GraphvizNotFoundError(GraphtraceError, RuntimeError):

@@ -21,6 +21,8 @@ if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time to keep this
 
     import networkx as nx
 
+    from graphtrace.coverage import Coverage
+
 __all__ = [
     "SCHEMA_VERSION",
     "CallKind",
@@ -123,7 +125,8 @@ def iter_tensors(value: Value | None, name: str = "") -> Iterator[tuple[str, Ten
 class CallNode:
     """One call of a module (or, with op recording, of a functional op) and the calls it made.
 
-    ``path`` is the reference's ``module_path`` (``"LlamaForCausalLM.model.layers.0"``); ``index`` counts earlier calls
+    ``path`` is the reference's ``module_path`` (``"LlamaForCausalLM.model.layers.0"``), for an op its module's path,
+    ``#`` and the op's node name in the module's fx graph (``"...self_attn#matmul_1"``); ``index`` counts earlier calls
     of the same path within the same step, so ``id`` (``path@index``) is unique. ``leaf`` says whether the module has no
     child modules: the transformers format records outputs only for leaves and the root. ``outputs`` is None when
     the call raised; ``error`` then holds ``"ExceptionType: message"``. ``inputs_from`` lists the ids of the calls
@@ -151,7 +154,10 @@ class CallNode:
     @property
     def name(self) -> str:
         """A short name: the last component of the path (``"q_proj"``), the last two for a numbered block
-        (``"layers.3"``), the whole path for the root."""
+        (``"layers.3"``), the whole path for the root; an op's name in its module's graph (``"matmul_1"`` of
+        ``"...self_attn#matmul_1"``)."""
+        if self.kind == "op":
+            return self.path.rpartition("#")[2]
         parts = self.path.rsplit(".", 2)
         if len(parts) > 1 and parts[-1].isdigit():
             return ".".join(parts[-2:])
@@ -264,6 +270,12 @@ class Trace:
                     return node
                 node = failed[-1]
         return None
+
+    def coverage(self) -> Coverage:
+        """How many module calls torch.fx served, and why the others were captured by forward wrapping."""
+        from graphtrace.coverage import coverage_of
+
+        return coverage_of(self)
 
     def first_nonfinite(self) -> CallNode | None:
         """The first call, in the order calls returned, whose output holds NaN or Inf while its inputs are finite:

@@ -131,3 +131,15 @@ def test_ranks_all_in_a_single_process_writes_rank_0(tmp_path: Path) -> None:
     assert trace.meta.rank == 0 and trace.meta.world_size == 1
     assert (tmp_path / "rank_0" / "LlamaForCausalLM_graphtrace.json").is_file()
     assert graphtrace.load(str(tmp_path / "rank_0")).root.id == "LlamaForCausalLM@0"
+
+
+def test_fx_passes_dtensors_along_and_never_computes_on_them(sharded: tuple[Path, list[dict]]) -> None:
+    # the default capture used strategy="auto": a replay on one rank must never run a DTensor's operators, which
+    # would wait for the other rank (the logits matching above shows the forward was not disturbed)
+    directory, _ = sharded
+    trace = graphtrace.load(str(directory / "default"))
+    assert trace.find(GATE).strategy == "eager"
+    assert trace.fallbacks[GATE] == (
+        "Refused: computes on DTensor values, whose operators may communicate with other processes"
+    )
+    assert trace.coverage().fx > 0  # what is not sharded is still served

@@ -88,7 +88,7 @@ def faulty_trace() -> Trace:
     model = Faulty()
     with torch.no_grad():
         model.blocks[2].fc.weight[0, 0] = float("nan")
-    with pytest.raises(ValueError, match="NaN in the input"), graphtrace.tracing(model) as session:
+    with pytest.raises(ValueError, match="NaN in the input"), graphtrace.tracing(model, strategy="eager") as session:
         model(torch.ones(2, 3))
     assert session.trace is not None
     return dataclasses.replace(session.trace, fallbacks={"Faulty.proj": "torch.fx: cannot trace this module"})
@@ -99,7 +99,8 @@ def faulty_trace() -> Trace:
 
 @pytest.fixture(scope="module")
 def demo_trace() -> Trace:
-    return graphtrace.capture(demo_model(), demo_inputs())
+    # eager capture: data flow from tensor identity alone, with the gaps the renderer infers (fx would fill them)
+    return graphtrace.capture(demo_model(), demo_inputs(), strategy="eager")
 
 
 def test_golden_dot_of_the_demo_model(demo_trace: Trace) -> None:

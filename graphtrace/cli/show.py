@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
 
         print(describe_nonfinite(trace))
         return 0
+    print(f"coverage: {trace.coverage()}")
     steps = list(enumerate(trace.steps))
     if args.step is not None:
         steps = [steps[args.step]]

@@ -19,7 +19,7 @@ import torch
 
 from graphtrace.engine.caches import StepCache, find_cache
 from graphtrace.engine.stats import TensorSummary, summarize
-from graphtrace.model import CallNode, DTensorInfo, StepInfo, TensorRecord, Value
+from graphtrace.model import CallKind, CallNode, DTensorInfo, StepInfo, TensorRecord, Value
 from graphtrace.reprs import sanitize_repr, spec_printoptions
 
 __all__ = ["Frame", "Recorder", "ValueSink"]
@@ -38,6 +38,10 @@ class ValueSink(Protocol):
 
     def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
         """Keep ``tensor``'s value under ``name``; return ``(repr_lines, None)`` or ``(None, relative_file)``."""
+        ...
+
+    def discard(self, file: str) -> None:
+        """Remove a file :meth:`store` wrote, whose record was withdrawn."""
         ...
 
 
@@ -59,9 +63,11 @@ class Frame:
     """A call in progress."""
 
     __slots__ = ("path", "index", "name", "type_name", "leaf", "strategy", "root", "args", "kwargs", "children",
-                 "inputs_from")
+                 "inputs_from", "kind")
 
-    def __init__(self, path: str, index: int, type_name: str, leaf: bool, strategy: str, root: bool) -> None:
+    def __init__(
+        self, path: str, index: int, type_name: str, leaf: bool, strategy: str, root: bool, kind: CallKind = "module"
+    ) -> None:
         self.path = path
         self.index = index
         # The prefix of this call's file names: the first call keeps the reference's name, later calls get "@N" so
@@ -75,6 +81,7 @@ class Frame:
         self.kwargs: Mapping[str, Value] = {}
         self.children: list[CallNode] = []
         self.inputs_from: list[str] = []
+        self.kind = kind
 
     @property
     def id(self) -> str:
@@ -165,8 +172,12 @@ class Recorder:
         *,
         strategy: str = "eager",
         root: bool = False,
+        kind: CallKind = "module",
     ) -> Frame | None:
-        """Record the start of a call; returns None when the call is not recorded (it began outside a step)."""
+        """Record the start of a call; returns None when the call is not recorded (it began outside a step).
+
+        An op's call (``kind="op"``, recorded by the fx engine) takes no part in data flow by tensor identity: the
+        engine knows it from the graph."""
         if not self._stack:
             if not (root or self.detached_steps):
                 return None
@@ -180,7 +191,7 @@ class Recorder:
                 self.on_step_start(self._step_count)
         index = self._counts.get(path, 0)
         self._counts[path] = index + 1
-        frame = Frame(path, index, type_name, leaf, strategy, root)
+        frame = Frame(path, index, type_name, leaf, strategy, root, kind)
         prefix = f"{frame.name}_inputs"
         # The reference records {"args": ..., "kwargs": ...}; a submodule drops an empty one (naming is unaffected).
         if args:
@@ -223,6 +234,7 @@ class Recorder:
             path=frame.path,
             index=frame.index,
             type_name=frame.type_name,
+            kind=frame.kind,
             leaf=frame.leaf,
             strategy=frame.strategy,
             args=frame.args,
@@ -246,6 +258,26 @@ class Recorder:
         self._seen = {}
         if self.on_step is not None:
             self.on_step(node)
+
+    def producer_of(self, tensor: torch.Tensor) -> str | None:
+        """The id of the call whose output ``tensor`` was, if it was recorded as one in this step."""
+        seen = self._seen.get(id(tensor))
+        return seen.producer if seen is not None and seen.ref() is tensor else None
+
+    def discard_ops(self, frame: Frame) -> None:
+        """Withdraw the op records made inside ``frame`` (their graph failed verification): the nodes, their call
+        numbers and any files the sink wrote for them."""
+        kept = []
+        for node in frame.children:
+            if node.kind != "op":
+                kept.append(node)
+                continue
+            self._counts[node.path] -= 1
+            if self.sink is not None:
+                for _, record in (*node.input_tensors(), *node.output_tensors()):
+                    if record.file is not None:
+                        self.sink.discard(record.file)
+        frame.children = kept
 
     # -- values -----------------------------------------------------------------------------------------------------
 
@@ -282,7 +314,9 @@ class Recorder:
         dtensor: DTensorInfo | None,
     ) -> TensorRecord:
         seen = self._remember(tensor)
-        if produced:
+        if frame.kind == "op":
+            pass
+        elif produced:
             seen.producer = frame.id
         elif seen.producer is not None and seen.producer not in frame.inputs_from:
             frame.inputs_from.append(seen.producer)

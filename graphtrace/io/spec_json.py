@@ -4,7 +4,9 @@ Writing follows transformers' ``model_addition_debugger_context`` key for key: n
 ``inputs``, ``outputs``, ``children`` in that order; a submodule drops an empty ``args``/``kwargs`` and an empty
 ``children``; only leaf modules and the root carry outputs, and every node with children loses its ``outputs``; the
 root loses its falsy keys. SUMMARY is FULL without the tensors' ``value`` (a keyword argument that happens to be
-named ``value`` stays, unlike in transformers). A call that raised carries an extra ``error`` key.
+named ``value`` stays, unlike in transformers). A call that raised carries an extra ``error`` key. With
+``include_ops`` (a trace captured with ``ops=True``), the ops recorded inside a module are children of its node, in
+the order they ran among its module calls; a leaf module keeps its ``outputs`` beside them.
 
 Reading turns such files, written by graphtrace or by transformers, back into :class:`~graphtrace.model.CallNode`\\ s.
 """
@@ -80,13 +82,13 @@ def node_to_spec(node: CallNode, *, full: bool, root: bool = True, include_ops: 
         inputs["kwargs"] = {_json_key(k): _value_to_spec(v, full) for k, v in node.kwargs.items()}
     out: dict[str, Any] = {"module_path": node.path, "inputs": inputs}
     children = [child for child in node.children if include_ops or child.kind != "op"]
-    if children:
-        out["children"] = [node_to_spec(child, full=full, root=False, include_ops=include_ops) for child in children]
-    else:
+    if not any(child.kind == "module" for child in children):  # a leaf keeps its outputs beside its op children
         keeps_outputs = (root or node.leaf) and node.outputs is not None
         outputs = _value_to_spec(node.outputs, full) if keeps_outputs else None  # type: ignore[arg-type]
         if not root or outputs:
             out["outputs"] = outputs
+    if children:
+        out["children"] = [node_to_spec(child, full=full, root=False, include_ops=include_ops) for child in children]
     if node.error is not None:
         out["error"] = node.error
     return out

@@ -35,6 +35,9 @@ class ReprSink:
     def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
         return repr_lines(tensor), None
 
+    def discard(self, file: str) -> None:
+        """Nothing to remove: repr lines live in the record itself."""
+
 
 class SafetensorsSink:
     """Writes each tensor to ``{directory}/{name}.safetensors`` under the key ``data`` (``use_repr=False``)."""
@@ -71,6 +74,13 @@ class SafetensorsSink:
             ) from exc
         self.written.append(target)
         return None, f"./{filename}"
+
+    def discard(self, file: str) -> None:
+        """Remove a file :meth:`store` wrote into the current directory (``file`` as :meth:`store` returned it)."""
+        target = self.directory / file
+        target.unlink(missing_ok=True)
+        if target in self.written:
+            self.written.remove(target)
 
 
 def load_tensor(directory: str | os.PathLike[str], file: str) -> torch.Tensor:
