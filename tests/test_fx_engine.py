@@ -1,5 +1,5 @@
 """The fx engine's guarantees on models built to break them: side effects happen once, graphs that would be silently
-wrong are caught, nothing is left behind, and plans are reused per module and signature."""
+wrong are caught, nothing is left behind, and plans are reused per module key and signature."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from torch._tensor_str import PRINT_OPTS
 
 import graphtrace
 import graphtrace.engine.fx.dispatch as fx_dispatch
-from graphtrace.engine.fx.plans import module_keys
 from graphtrace.demo import demo_inputs, demo_model
+from graphtrace.engine.fx.plans import module_keys
 from tests.fx_equivalence import assert_same_output, check_auto_equals_eager, module_tree, run
 from tests.zoo import FX_ZOO
 
