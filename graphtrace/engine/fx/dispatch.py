@@ -138,6 +138,8 @@ class FxEngine:
                 self._tracing -= 1
             if len(plans) >= PLANS_PER_MODULE:  # shapes that change every call (generate without a cache)
                 del plans[next(iter(plans))]
+            if shared and isinstance(plan, Plan):
+                plan = self._store.canonical(module, call.key, plan)
             plans[call.key] = plan
         return plan
 

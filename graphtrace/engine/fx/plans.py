@@ -14,6 +14,11 @@ the plans of keys the model no longer has at the start of each capture (a change
 holds the tensor constants its trace created (a causal mask) and the trace-time values of its arguments: at most
 ``PLANS_PER_MODULE`` plans per key.
 
+Instances whose keys differ only in what their graph does not use (a decoder layer whose attention holds another
+``layer_idx``) are traced each, but a graph equal to one already kept -- the same nodes, targets, constants and
+trace-time metadata, for a module of the same type and the same call -- is replaced by the kept plan
+(:meth:`PlanStore.canonical`), so that it is verified once per capture for all of them.
+
 Reuse is safe because plans are still checked in every capture: the first call of a plan in a capture is replayed
 bit for bit against the real call, whatever capture or instance the plan was traced on.
 """
@@ -28,6 +33,9 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.node import map_aggregate
+
+from graphtrace.engine.fx.tracer import META, Opaque, Plan
 
 __all__ = ["PLANS_PER_MODULE", "PlanStore", "module_keys", "store_for"]
 
@@ -153,12 +161,51 @@ class PlanStore:
 
     def __init__(self) -> None:
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
-        self.plans: dict[Hashable, dict[Hashable, Any]] = {}
+        self.plans: dict[Hashable, dict[Hashable, Plan | str]] = {}
+        self._by_graph: dict[Hashable, list[Plan]] = {}
 
     def keep_only(self, keys: set[Hashable]) -> None:
         """Drop the plans of module keys the model no longer has."""
         for key in [key for key in self.plans if key not in keys]:
             del self.plans[key]
+        kept = {id(plan) for plans in self.plans.values() for plan in plans.values()}
+        for fingerprint, plans in list(self._by_graph.items()):
+            plans[:] = [plan for plan in plans if id(plan) in kept]
+            if not plans:
+                del self._by_graph[fingerprint]
+
+    def canonical(self, module: nn.Module, call: Hashable, plan: Plan) -> Plan:
+        """The plan already kept with a graph equal to ``plan``'s for a module of this type and this call, else
+        ``plan`` (kept from now on)."""
+        fingerprint = (type(module), call, _graph_fingerprint(plan))
+        candidates = self._by_graph.setdefault(fingerprint, [])
+        for kept in candidates:
+            if all(torch.equal(kept.constants[name], value) for name, value in plan.constants.items()):
+                return kept
+        candidates.append(plan)
+        return plan
+
+
+def _meta_fingerprint(meta: Any) -> Any:
+    def convert(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return _tensor_key(value)
+        if isinstance(value, Opaque):
+            return (Opaque, type(value.value))
+        return repr(value)
+
+    return repr(map_aggregate(meta, convert))
+
+
+def _graph_fingerprint(plan: Plan) -> Hashable:
+    """What makes two plans interchangeable, tensor constants' values aside: the graph's text (ops, targets,
+    constant arguments, names), every node's trace-time metadata, the output's structure, the constants' metadata."""
+    return (
+        str(plan.graph),
+        tuple(_meta_fingerprint(node.meta.get(META)) for node in plan.graph.nodes),
+        plan.output,
+        tuple((name, _tensor_key(value)) for name, value in plan.constants.items()),
+    )
 
 
 _STORES: weakref.WeakKeyDictionary[nn.Module, PlanStore] = weakref.WeakKeyDictionary()
