@@ -194,3 +194,16 @@ def test_the_plans_die_with_the_model_and_leave_nothing_on_it() -> None:
     del model
     gc.collect()
     assert alive() is None
+
+
+def test_an_attribute_the_graph_never_uses_costs_a_trace_but_not_a_replay(
+    traced: list[nn.Module], replayed: list[nn.Module]
+) -> None:
+    layers = [Scaled(2.0) for _ in range(3)]
+    for index, layer in enumerate(layers):
+        layer.layer_idx = index  # keyed by value, unused by the forward
+    model = Stack(*layers)
+    trace = check_auto_equals_eager(model, {"x": torch.randn(2, 4)})
+    assert [module for module in traced if isinstance(module, Scaled)] == layers
+    assert [module for module in replayed if isinstance(module, Scaled)] == layers[:1]  # one graph, verified once
+    assert all(node.strategy == "fx" for node in trace.walk())
