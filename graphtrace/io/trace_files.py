@@ -22,7 +22,7 @@ from pathlib import Path
 
 from graphtrace.errors import OutputPathError, TraceFormatError
 from graphtrace.io.spec_json import FULL_SUFFIX, SUMMARY_SUFFIX, read_spec_file, write_spec_files
-from graphtrace.io.trace_json import trace_from_json, trace_to_json
+from graphtrace.io.trace_json import trace_from_json, trace_text
 from graphtrace.model import CallNode, TensorRecord, Trace, TraceMeta
 
 __all__ = [
@@ -102,7 +102,7 @@ def save_trace(trace: Trace, directory: str | os.PathLike[str], *, graph: bool =
                 (from_dir / file).unlink(missing_ok=True)
     own = target / f"{trace.meta.model_class}{OWN_SUFFIX}"
     with open(own, "w", encoding="utf-8") as handle:
-        json.dump(trace_to_json(trace), handle, indent=1, allow_nan=False)
+        handle.write(trace_text(trace))
     written.append(own)
     if graph and trace.steps:
         written += _save_graph(trace, target)
