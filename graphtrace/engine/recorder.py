@@ -10,13 +10,14 @@ Not thread-safe: one recorder follows one forward at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import torch
 
-from graphtrace.engine.stats import TensorSummary, summarize
+from graphtrace.engine.stats import summarize
 from graphtrace.model import CallNode, DTensorInfo, TensorRecord, Value
 from graphtrace.reprs import sanitize_repr, spec_printoptions
 
@@ -39,16 +40,17 @@ class ValueSink(Protocol):
 
 
 class _Seen:
-    """What is known about a tensor object already met in this step (valid while its version is unchanged)."""
+    """What is known about a tensor object already met in this step (valid while its version is unchanged): its
+    record without a value, and once stored, its record with the value (reused when the sink allows)."""
 
-    __slots__ = ("ref", "version", "grad_mode", "summary", "lines", "producer")
+    __slots__ = ("ref", "version", "grad_mode", "record", "stored", "producer")
 
-    def __init__(self, tensor: torch.Tensor, version: int, grad_mode: bool, summary: TensorSummary) -> None:
+    def __init__(self, tensor: torch.Tensor, version: int, grad_mode: bool, record: TensorRecord) -> None:
         self.ref = weakref.ref(tensor)
         self.version = version
         self.grad_mode = grad_mode
-        self.summary = summary
-        self.lines: tuple[str, ...] | None = None
+        self.record = record
+        self.stored: TensorRecord | None = None
         self.producer: str | None = None
 
 
@@ -240,27 +242,18 @@ class Recorder:
             seen.producer = frame.id
         elif seen.producer is not None and seen.producer not in frame.inputs_from:
             frame.inputs_from.append(seen.producer)
-        summary = seen.summary
-        lines = file = None
-        if store and self.sink is not None:
-            if self.sink.per_name:
-                lines, file = self.sink.store(tensor, name)
-            else:
-                if seen.lines is None:
-                    seen.lines, _ = self.sink.store(tensor, name)
-                lines = seen.lines
-        return TensorRecord(
-            shape=tuple(tensor.shape),
-            dtype=str(tensor.dtype),
-            device=str(tensor.device),
-            stats=summary.stats,
-            spec_stats=summary.spec_stats,
-            nan_count=summary.nan_count,
-            inf_count=summary.inf_count,
-            value=lines,
-            file=file,
-            dtensor=dtensor,
-        )
+        sink = self.sink
+        if not store or sink is None:
+            record = seen.record
+        elif sink.per_name:
+            record = _with_value(seen.record, *sink.store(tensor, name))
+        else:
+            record = seen.stored
+            if record is None:
+                record = seen.stored = _with_value(seen.record, *sink.store(tensor, name))
+        if dtensor is not None:
+            record = dataclasses.replace(record, dtensor=dtensor)
+        return record
 
     def _remember(self, tensor: torch.Tensor) -> _Seen:
         """The cached facts about ``tensor``, recomputed when it is new or was modified in place since."""
@@ -269,14 +262,50 @@ class Recorder:
         try:
             version = tensor._version
         except RuntimeError:  # inference tensors have no version counter: never reuse
-            return _Seen(tensor, -1, grad_mode, summarize(tensor))
+            return _Seen(tensor, -1, grad_mode, _record(tensor))
         old = self._seen.get(key)
         producer = None
         if old is not None and old.ref() is tensor:
             if old.version == version and old.grad_mode == grad_mode:
                 return old
             producer = old.producer  # modified in place since: new statistics, same origin
-        seen = _Seen(tensor, version, grad_mode, summarize(tensor))
+        seen = _Seen(tensor, version, grad_mode, _record(tensor))
         seen.producer = producer
         self._seen[key] = seen
         return seen
+
+
+_dtype_names: dict[torch.dtype, str] = {}
+
+
+def _record(tensor: torch.Tensor) -> TensorRecord:
+    """The record of ``tensor``: shape, dtype, device and statistics, no value."""
+    dtype = tensor.dtype
+    dtype_name = _dtype_names.get(dtype)
+    if dtype_name is None:
+        dtype_name = _dtype_names[dtype] = str(dtype)
+    summary = summarize(tensor)
+    return TensorRecord(
+        shape=tuple(tensor.shape),
+        dtype=dtype_name,
+        device="cpu" if tensor.is_cpu else str(tensor.device),
+        stats=summary.stats,
+        spec_stats=summary.spec_stats,
+        nan_count=summary.nan_count,
+        inf_count=summary.inf_count,
+    )
+
+
+def _with_value(record: TensorRecord, lines: tuple[str, ...] | None, file: str | None) -> TensorRecord:
+    return TensorRecord(
+        shape=record.shape,
+        dtype=record.dtype,
+        device=record.device,
+        stats=record.stats,
+        spec_stats=record.spec_stats,
+        nan_count=record.nan_count,
+        inf_count=record.inf_count,
+        value=lines,
+        file=file,
+        dtensor=record.dtensor,
+    )

@@ -55,7 +55,7 @@ def _needs_reference_path(tensor: torch.Tensor) -> bool:
     """True when the repr of a 0-d result would carry a suffix only torch's printer gets right."""
     return (
         type(tensor) not in _PLAIN_TENSOR_TYPES
-        or tensor.device.type != "cpu"
+        or not tensor.is_cpu
         or torch._C._get_default_device() != "cpu"
         or (tensor.requires_grad and torch.is_grad_enabled())
         or PRINT_OPTS.linewidth < 60
@@ -83,6 +83,16 @@ def _reference_summary(tensor: torch.Tensor) -> TensorSummary:
     return TensorSummary(stats, spec, *_nonfinite_counts(tensor, stats.min, stats.max))  # type: ignore[arg-type]
 
 
+def _reductions(tensor: torch.Tensor) -> list[float]:
+    """mean, std, min, max in the tensor's own dtype (float64, or float32 for other floating dtypes), fetched in one
+    host transfer."""
+    dtype = tensor.dtype
+    data = tensor if dtype in SPEC_STAT_DTYPES or dtype == torch.float64 else tensor.float()
+    std = data.std() if data.numel() > 1 else data.new_full((), math.nan)
+    low, high = torch.aminmax(data)
+    return torch.stack((data.mean(), std, low, high)).tolist()
+
+
 def summarize(tensor: torch.Tensor) -> TensorSummary:
     """Statistics and non-finite counts of ``tensor`` (empty for non-floating or empty tensors)."""
     dtype = tensor.dtype
@@ -91,11 +101,11 @@ def summarize(tensor: torch.Tensor) -> TensorSummary:
     spec_dtype = dtype in SPEC_STAT_DTYPES
     if spec_dtype and _needs_reference_path(tensor):
         return _reference_summary(tensor)
-    with torch.no_grad():
-        data = tensor if dtype in SPEC_STAT_DTYPES or dtype == torch.float64 else tensor.float()
-        std = data.std() if data.numel() > 1 else data.new_full((), math.nan)
-        low, high = torch.aminmax(data)
-        mean, std, low, high = torch.stack((data.mean(), std, low, high)).tolist()
+    if tensor.requires_grad:
+        with torch.no_grad():
+            mean, std, low, high = _reductions(tensor)
+    else:
+        mean, std, low, high = _reductions(tensor)
     stats = Stats(mean, std, low, high)
     spec = None
     if spec_dtype:
