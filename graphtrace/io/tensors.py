@@ -7,6 +7,8 @@ the call that produced it.
 
 from __future__ import annotations
 
+import ctypes
+import json
 import os
 from pathlib import Path
 
@@ -16,10 +18,12 @@ from safetensors.torch import save_file
 from torch._tensor_str import PRINT_OPTS
 
 from graphtrace.errors import OutputPathError, UnsupportedTensorError
+from graphtrace.io.file_writer import BackgroundWriter
+from graphtrace.io.safetensors_format import DTYPE_NAMES, bundle_header, single_tensor_header
 from graphtrace.io.tensor_text import PrintOptions, shown_sizes, tensor_text
 from graphtrace.reprs import SPEC_LINEWIDTH, sanitize_repr, spec_printoptions
 
-__all__ = ["ReprSink", "SafetensorsSink", "load_tensor", "repr_lines"]
+__all__ = ["BUNDLE_SUFFIX", "BundleSink", "ReprSink", "SafetensorsSink", "load_tensor", "repr_lines"]
 
 _TEXT_DTYPES = frozenset({
     torch.float32, torch.float64, torch.float16, torch.bfloat16,
@@ -104,45 +108,232 @@ class ReprSink:
         return repr_lines(tensor), None
 
 
-class SafetensorsSink:
-    """Writes each tensor to ``{directory}/{name}.safetensors`` under the key ``data`` (``use_repr=False``)."""
+def _host_tensor(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    try:
+        return tensor.detach().contiguous().cpu().resolve_conj().resolve_neg()
+    except (RuntimeError, NotImplementedError) as exc:
+        raise UnsupportedTensorError(
+            f"cannot store tensor {name!r} ({tensor.dtype}, layout {tensor.layout}) as safetensors: {exc}. "
+            "Capture with values='repr' (use_repr=True), or convert the tensor to a dense strided one."
+        ) from exc
 
-    per_name = True
+
+def _memory(data: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy (valid while ``data`` lives)."""
+    nbytes = data.numel() * data.element_size()
+    if nbytes == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * nbytes).from_address(data.data_ptr())).cast("B")
+
+
+def _write_at(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
+
+
+def _output_error(target: Path, exc: OSError) -> OutputPathError:
+    return OutputPathError(
+        f"cannot write {target}: {exc.strerror or exc}. Free some space or choose another directory."
+    )
+
+
+class _FileSink:
+    """Streams tensors into files in ``directory`` through a :class:`BackgroundWriter`.
+
+    The writer may still be writing when :meth:`store` returns, so a tensor that shares memory with the model's is
+    copied first (the model may change it in place). :meth:`finish` waits for the files of a step; :meth:`close`
+    also stops the writer's thread."""
+
     linewidth: int | None = None  # transformers leaves the line width alone in this mode
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], writer: BackgroundWriter | None = None) -> None:
         self.directory = Path(directory)
-        self.written: list[Path] = []
+        self.writer = writer if writer is not None else BackgroundWriter()
+
+    def _owned(self, data: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+        queued = data.numel() * data.element_size() < self.writer.queue_bytes
+        if queued and data.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
+            return data.clone()
+        return data
+
+    def finish(self) -> None:
+        """Wait until every stored tensor is on disk."""
+        self.writer.drain()
+
+    def close(self) -> None:
+        try:
+            self.finish()
+        finally:
+            self.writer.close()
+
+
+class SafetensorsSink(_FileSink):
+    """Writes each tensor to ``{directory}/{name}.safetensors`` under the key ``data`` (``use_repr=False``), byte
+    for byte as ``safetensors.torch.save_file`` (and so transformers) writes it."""
+
+    per_name = True
 
     def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
         filename = name.replace("/", "_")
         if not filename.endswith(".safetensors"):
             filename += ".safetensors"
         target = self.directory / filename
-        try:
-            data = tensor.detach().contiguous().cpu()
-        except (RuntimeError, NotImplementedError) as exc:
-            raise UnsupportedTensorError(
-                f"cannot store tensor {name!r} ({tensor.dtype}, layout {tensor.layout}) as safetensors: {exc}. "
-                "Capture with values='repr' (use_repr=True), or convert the tensor to a dense strided one."
-            ) from exc
-        try:
-            save_file({"data": data}, str(target))
-        except OSError as exc:
-            raise OutputPathError(
-                f"cannot write {target}: {exc.strerror or exc}. Free some space or choose another directory."
-            ) from exc
-        except Exception as exc:  # safetensors raises its own error types for dtypes it cannot store
-            raise UnsupportedTensorError(
-                f"cannot store tensor {name!r} ({tensor.dtype}) as safetensors: {exc}. "
-                "Capture with values='repr' (use_repr=True) for this model."
-            ) from exc
-        self.written.append(target)
+        data = _host_tensor(tensor, name)
+        dtype = str(data.dtype)
+        if dtype not in DTYPE_NAMES:
+            self.writer.drain()
+            _save_file(data, target, name)
+            return None, f"./{filename}"
+        data = self._owned(data, tensor)
+        header = single_tensor_header(dtype, tuple(data.shape), data.numel() * data.element_size())
+
+        def write() -> None:
+            try:
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+                try:
+                    _write_at(fd, memoryview(header), 0)
+                    _write_at(fd, _memory(data), len(header))
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise _output_error(target, exc) from exc
+
+        self.writer.submit(write, len(header) + data.numel() * data.element_size())
         return None, f"./{filename}"
 
 
+def _save_file(data: torch.Tensor, target: Path, name: str) -> None:
+    """safetensors' own writer, for the dtypes graphtrace does not write itself (float8, unsigned ints, ...)."""
+    try:
+        save_file({"data": data}, str(target))
+    except OSError as exc:
+        raise _output_error(target, exc) from exc
+    except Exception as exc:  # safetensors raises its own error types for dtypes it cannot store
+        raise UnsupportedTensorError(
+            f"cannot store tensor {name!r} ({data.dtype}) as safetensors: {exc}. "
+            "Capture with values='repr' (use_repr=True) for this model."
+        ) from exc
+
+
+BUNDLE_SUFFIX = "_tensors.safetensors"
+"""A bundle's first file is ``{model class}_tensors.safetensors``; further shards add ``-00002`` and so on."""
+
+
+class BundleSink(_FileSink):
+    """Streams every tensor of a step into one safetensors file (``values="bundle"``), with an index beside it.
+
+    The file starts with room for its header, filled in when the step ends; tensors are appended while the forward
+    runs. A tensor seen again unchanged is stored once (the recorder reuses its key). When the header room is used
+    up, the file is completed and a new shard begins. Each record's ``file`` is ``./{shard}#{key}``."""
+
+    per_name = False
+    header_bytes = 1 << 20
+
+    def __init__(self, directory: str | os.PathLike[str], stem: str, writer: BackgroundWriter | None = None) -> None:
+        super().__init__(directory, writer)
+        self.stem = stem
+        self._fd: int | None = None
+        self._shards: list[str] = []
+        self._entries: list[tuple[str, str, tuple[int, ...], int, int]] = []
+        self._offset = 0
+        self._header_length = 0
+        self._weight_map: dict[str, str] = {}
+
+    def _shard_name(self, number: int) -> str:
+        return f"{self.stem}{BUNDLE_SUFFIX}" if number == 1 else f"{self.stem}_tensors-{number:05d}.safetensors"
+
+    def _append(self, key: str, dtype: str, shape: tuple[int, ...], nbytes: int) -> tuple[int, int]:
+        """Reserve ``nbytes`` for ``key`` in the current shard, opening a shard when needed; returns (fd, offset)."""
+        entry = len(json.dumps({key: [dtype, list(shape), [self._offset, self._offset]]})) + 64
+        if self._fd is None or self._header_length + entry > self.header_bytes - 8:
+            self._complete_shard()
+            self._open_shard()
+        assert self._fd is not None
+        start = self._offset
+        self._offset += nbytes
+        self._entries.append((key, dtype, shape, start, self._offset))
+        self._header_length += entry
+        self._weight_map[key] = self._shards[-1]
+        return self._fd, self.header_bytes + start
+
+    def _open_shard(self) -> None:
+        name = self._shard_name(len(self._shards) + 1)
+        target = self.directory / name
+        try:
+            self._fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        except OSError as exc:
+            raise _output_error(target, exc) from exc
+        self._shards.append(name)
+        self._entries, self._offset, self._header_length = [], 0, 256
+
+    def _complete_shard(self) -> None:
+        fd, entries = self._fd, self._entries
+        if fd is None:
+            return
+        self._fd = None
+        header = bundle_header(entries, self.header_bytes - 8)
+        target = self.directory / self._shards[-1]
+
+        def complete() -> None:
+            try:
+                try:
+                    _write_at(fd, memoryview(header), 0)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise _output_error(target, exc) from exc
+
+        self.writer.submit(complete, 0)
+
+    def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
+        data = _host_tensor(tensor, name)
+        dtype = str(data.dtype)
+        if dtype not in DTYPE_NAMES:
+            raise UnsupportedTensorError(
+                f"cannot store tensor {name!r} ({dtype}) in a bundle: it holds {', '.join(DTYPE_NAMES)} only. "
+                "Capture with values='safetensors' (a file per tensor) or values='repr'."
+            )
+        pad = -self._offset % data.element_size()
+        if pad:  # keep every tensor aligned to its element size; safetensors allows no holes, so pad with bytes
+            pad_fd, pad_at = self._append(f"__padding__.{self._offset}", "torch.uint8", (pad,), pad)
+            self.writer.submit(lambda: _write_at(pad_fd, memoryview(bytes(pad)), pad_at), pad)
+        data = self._owned(data, tensor)
+        nbytes = data.numel() * data.element_size()
+        fd, at = self._append(name, dtype, tuple(data.shape), nbytes)
+        target = self.directory / self._shards[-1]
+
+        def write() -> None:
+            try:
+                _write_at(fd, _memory(data), at)
+            except OSError as exc:
+                raise _output_error(target, exc) from exc
+
+        self.writer.submit(write, nbytes)
+        return None, f"./{self._shards[-1]}#{name}"
+
+    def finish(self) -> None:
+        """Complete the step's shards and write the index ``{stem}_tensors.safetensors.index.json``."""
+        self._complete_shard()
+        self.writer.drain()
+        if self._shards:
+            index = {"metadata": {"writer": "graphtrace"}, "weight_map": self._weight_map}
+            path = self.directory / f"{self.stem}{BUNDLE_SUFFIX}.index.json"
+            try:
+                path.write_text(json.dumps(index, indent=1) + "\n", encoding="utf-8")
+            except OSError as exc:
+                raise _output_error(path, exc) from exc
+        self._shards, self._weight_map = [], {}
+
+
 def load_tensor(directory: str | os.PathLike[str], file: str) -> torch.Tensor:
-    """The tensor stored under ``data`` in ``file`` (a ``./name.safetensors`` path relative to ``directory``)."""
+    """The tensor a record's ``file`` names, relative to ``directory``: ``./name.safetensors`` (the tensor under
+    ``data``) or, in a bundle, ``./shard.safetensors#key``."""
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
-    return load_file(str(Path(directory) / file))["data"]
+    path, _, key = file.partition("#")
+    if key:
+        with safe_open(str(Path(directory) / path), framework="pt") as handle:
+            return handle.get_tensor(key)
+    return load_file(str(Path(directory) / path))["data"]

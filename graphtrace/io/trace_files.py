@@ -69,8 +69,13 @@ def _all_tensors(root: CallNode) -> Iterator[TensorRecord]:
 
 
 def referenced_files(node: CallNode) -> set[str]:
-    """The safetensors files (``./name.safetensors``) the node and its subtree point at."""
-    return {record.file for record in _all_tensors(node) if record.file is not None}
+    """The safetensors files (``./name.safetensors``) the node and its subtree point at (a bundle's shard once)."""
+    return {record.file.partition("#")[0] for record in _all_tensors(node) if record.file is not None}
+
+
+def _bundle_indexes(directory: Path, files: set[str]) -> set[str]:
+    """The index files beside the bundles among ``files`` (values="bundle")."""
+    return {f"{file}.index.json" for file in files if (directory / f"{file}.index.json").is_file()}
 
 
 def save_trace(trace: Trace, directory: str | os.PathLike[str], *, graph: bool = True) -> list[str]:
@@ -92,7 +97,7 @@ def save_trace(trace: Trace, directory: str | os.PathLike[str], *, graph: bool =
             continue
         from_dir = step_directory(source, i, len(trace.steps))
         kept = referenced_files(step)
-        for file in sorted(kept):
+        for file in sorted(kept | _bundle_indexes(from_dir, kept)):
             src, dst = from_dir / file, out / file
             if src.resolve() != dst.resolve():
                 shutil.copyfile(src, dst)
