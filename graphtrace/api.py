@@ -21,14 +21,15 @@ from torch import nn
 from graphtrace.engine import PatchLedger, Recorder, attach
 from graphtrace.engine.distributed import current_rank, world_size
 from graphtrace.errors import InvalidInputsError, InvalidModelError, InvalidOptionError
-from graphtrace.io.tensors import ReprSink, SafetensorsSink
+from graphtrace.io.tensors import BundleSink, ReprSink, SafetensorsSink
 from graphtrace.io.trace_files import prepare_directory
 from graphtrace.model import Trace, TraceMeta
 
 __all__ = ["Session", "Strategy", "Values", "capture", "check_model", "normalize_inputs", "tracing"]
 
-Values = Literal["repr", "safetensors", "none"]
-"""What the trace keeps of each tensor beyond its statistics: repr lines, safetensors files, or nothing."""
+Values = Literal["repr", "safetensors", "bundle", "none"]
+"""What the trace keeps of each tensor beyond its statistics: repr lines, a safetensors file per tensor, one
+safetensors file (a bundle) per forward call, or nothing."""
 
 Strategy = Literal["auto", "fx", "eager"]
 """How module calls are captured: torch.fx where trustworthy else forward wrapping, fx only, or wrapping only."""
@@ -106,17 +107,20 @@ class Session:
         self._ledger = PatchLedger()
         self._fallbacks: dict[str, str] = {}
 
-    def _make_sink(self) -> ReprSink | SafetensorsSink | None:
+    def _make_sink(self) -> ReprSink | SafetensorsSink | BundleSink | None:
         if self.values == "repr":
             return ReprSink()
-        if self.values == "safetensors":
+        if self.values in ("safetensors", "bundle"):
             assert self.directory is not None
+            if self.values == "bundle":
+                return BundleSink(self.directory, type(self.model).__name__)
             return SafetensorsSink(self.directory)
         return None
 
     def _on_step_start(self, step: int) -> None:
-        if isinstance(self._sink, SafetensorsSink) and not self.flat:
+        if isinstance(self._sink, (SafetensorsSink, BundleSink)) and not self.flat:
             assert self.directory is not None
+            self._sink.finish()  # the previous step's files are complete
             self._sink.directory = self.directory / f"step_{step}"
             self._sink.directory.mkdir(exist_ok=True)
 
@@ -136,6 +140,8 @@ class Session:
             self._ledger.restore()
         finally:
             self.trace = self._build_trace()
+            if isinstance(self._sink, (SafetensorsSink, BundleSink)):
+                self._sink.close()  # every streamed tensor on disk, the writer's thread stopped
         if self.directory is not None and self.recording:
             self._settle_step_folders()
             self.trace.save(self.directory)
@@ -145,7 +151,7 @@ class Session:
     def _settle_step_folders(self) -> None:
         """A session that streamed values into step_0/ and ran one step moves them up into the directory."""
         assert self.trace is not None and self.directory is not None
-        if self.flat or not isinstance(self._sink, SafetensorsSink) or len(self.trace.steps) != 1:
+        if self.flat or not isinstance(self._sink, (SafetensorsSink, BundleSink)) or len(self.trace.steps) != 1:
             return
         step0 = self.directory / "step_0"
         if step0.is_dir():
@@ -245,9 +251,9 @@ def _session(
     _check_choice("strategy", strategy, get_args(Strategy))
     _check_bool("prune_layers", prune_layers)
     _check_bool("ops", ops)
-    if values == "safetensors" and path is None:
+    if values in ("safetensors", "bundle") and path is None:
         raise InvalidOptionError(
-            "values='safetensors' streams every tensor to disk while the forward runs, so it needs path=... "
+            f"values={values!r} streams every tensor to disk while the forward runs, so it needs path=... "
             "(a directory); or use values='repr'."
         )
     if path is not None and not isinstance(path, (str, os.PathLike)):
