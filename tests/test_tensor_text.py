@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch._tensor_str import PRINT_OPTS
 
-from graphtrace.io.tensors import _printable_from_values, repr_lines
+from graphtrace.io.tensor_repr import _printable_from_values, repr_lines
 from graphtrace.reprs import SPEC_LINEWIDTH, spec_printoptions
 
 SHAPES = [(), (1,), (6,), (7,), (1, 16, 64), (2, 3, 4, 5), (1000,), (1001,), (3, 400), (6, 6, 6, 6), (7, 7, 7),

@@ -86,6 +86,7 @@ def _layout(sizes: tuple[int, ...], cuts: tuple[bool, ...], width: int, options:
 
 
 def _with_suffixes(text: str, suffixes: Sequence[str], linewidth: int) -> str:
+    """``text`` (a tensor's repr up to its values) closed with torch's suffixes, as ``_add_suffixes`` wraps them."""
     last_line = len(text) - text.rfind("\n") + 1  # torch's own arithmetic, off by one included
     parts = [text]
     for suffix in suffixes:
