@@ -103,7 +103,7 @@ class Session:
         self.recording = self.rank == 0
         self.trace: Trace | None = None
         self._sink = self._make_sink()
-        self._recorder = Recorder(self._sink, on_step_start=self._on_step_start)
+        self._recorder = Recorder(self._sink, on_step_start=self._on_step_start, prune_layers=prune_layers)
         self._ledger = PatchLedger()
         self._fallbacks: dict[str, str] = {}
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import torch
 
+from graphtrace.engine.layer_pruning import LayerBlockDeferral
 from graphtrace.engine.stats import summarize
 from graphtrace.model import CallNode, DTensorInfo, TensorRecord, Value
 from graphtrace.reprs import sanitize_repr, spec_printoptions
@@ -103,8 +104,11 @@ class Recorder:
         sink: ValueSink | None = None,
         on_step: Callable[[CallNode], None] | None = None,
         on_step_start: Callable[[int], None] | None = None,
+        prune_layers: bool = False,
     ) -> None:
         self.sink = sink
+        # With pruning ahead, blocks that it will drop get no values (see layer_pruning); sinks opt in.
+        self._deferral = LayerBlockDeferral(sink) if prune_layers and hasattr(sink, "snapshot") else None  # type: ignore[arg-type]
         self._linewidth = sink.linewidth if sink is not None else None
         self.on_step = on_step
         self.on_step_start = on_step_start
@@ -142,6 +146,8 @@ class Recorder:
         index = self._counts.get(path, 0)
         self._counts[path] = index + 1
         frame = Frame(path, index, type_name, leaf, strategy, root)
+        if self._deferral is not None:
+            self._deferral.begin(frame, self._stack[-1] if self._stack else None)
         prefix = f"{frame.name}_inputs"
         # The reference records {"args": ..., "kwargs": ...}; a submodule drops an empty one (naming is unaffected).
         if args:
@@ -173,11 +179,18 @@ class Recorder:
         stack = self._stack
         while stack and stack[-1] is not frame:  # a call that never returned (should not happen with wrappers)
             lost = stack.pop()
-            self._attach(self._node(lost, None, "did not return"))
+            self._attach(self._completed(lost, None, "did not return"))
         if not stack:
             return
         stack.pop()
-        self._attach(self._node(frame, outputs, error))
+        self._attach(self._completed(frame, outputs, error))
+
+    def _completed(self, frame: Frame, outputs: Value | None, error: str | None) -> CallNode:
+        deferral = self._deferral
+        if deferral is None:
+            return self._node(frame, outputs, error)
+        deferral.finishing(frame)
+        return deferral.finished(frame, self._node(frame, outputs, error), self._stack[-1] if self._stack else None)
 
     def _node(self, frame: Frame, outputs: Value | None, error: str | None) -> CallNode:
         return CallNode(
@@ -245,6 +258,8 @@ class Recorder:
         sink = self.sink
         if not store or sink is None:
             record = seen.record
+        elif self._deferral is not None and self._deferral.deferring and seen.stored is None:
+            record = self._deferral.defer(seen.record, tensor, seen, name)
         elif sink.per_name:
             record = _with_value(seen.record, *sink.store(tensor, name))
         else:

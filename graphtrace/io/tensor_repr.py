@@ -8,13 +8,15 @@ Anything torch's printer would decorate (another device, autograd, subclasses, w
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 from torch._tensor_str import PRINT_OPTS
 
 from graphtrace.io.tensor_text import PrintOptions, shown_sizes, tensor_text
 from graphtrace.reprs import SPEC_LINEWIDTH, sanitize_repr, spec_printoptions
 
-__all__ = ["repr_lines"]
+__all__ = ["PrintedValues", "lines_of", "printed_values", "repr_lines"]
 
 _TEXT_DTYPES = frozenset({
     torch.float32, torch.float64, torch.float16, torch.bfloat16,
@@ -26,15 +28,38 @@ _CACHE_LIMIT = 4096
 _gather_offsets: dict[tuple, tuple[torch.Tensor, int]] = {}
 
 
+class PrintedValues(NamedTuple):
+    """What the repr of a plain tensor is made of: its printed elements (as ``tolist()`` gives them), its shape,
+    whether it is floating, torch's suffixes and the print options."""
+
+    values: list[Any]
+    shape: tuple[int, ...]
+    floating: bool
+    suffixes: tuple[str, ...]
+    options: PrintOptions
+
+
 def repr_lines(tensor: torch.Tensor) -> tuple[str, ...]:
     """The lines ``print(tensor)`` shows under ``sci_mode=True, linewidth=120``, sanitised, as transformers writes
     them. Torch's print options are never changed for longer than a ``repr`` of an unusual tensor takes."""
+    return lines_of(printed_values(tensor))
+
+
+def printed_values(tensor: torch.Tensor) -> PrintedValues | tuple[str, ...]:
+    """What :func:`repr_lines` needs of ``tensor``, taken now to be formatted later by :func:`lines_of` (for an
+    unusual tensor, the lines themselves)."""
     options = (PRINT_OPTS.precision, PRINT_OPTS.threshold, PRINT_OPTS.edgeitems, SPEC_LINEWIDTH)
     if _printable_from_values(tensor, options):
-        return tuple(_text_from_values(tensor, options).splitlines())
+        return _values(tensor, options)
     with spec_printoptions(SPEC_LINEWIDTH):
         text = repr(tensor)
     return tuple(sanitize_repr(text).splitlines())
+
+
+def lines_of(printed: PrintedValues | tuple[str, ...]) -> tuple[str, ...]:
+    if isinstance(printed, PrintedValues):
+        return tuple(tensor_text(*printed).splitlines())
+    return printed
 
 
 def _printable_from_values(tensor: torch.Tensor, options: PrintOptions) -> bool:
@@ -58,13 +83,13 @@ def _printable_from_values(tensor: torch.Tensor, options: PrintOptions) -> bool:
     )
 
 
-def _text_from_values(tensor: torch.Tensor, options: PrintOptions) -> str:
+def _values(tensor: torch.Tensor, options: PrintOptions) -> PrintedValues:
     shape = tuple(tensor.shape)
     sizes, cuts = shown_sizes(shape, options)
     printed = _gather(tensor, shape, cuts, options[2]) if True in cuts else tensor.reshape(-1)
     dtype = tensor.dtype
     suffixes = () if dtype in (torch.get_default_dtype(), torch.int64, torch.bool) else (f"dtype={dtype}",)
-    return tensor_text(printed.tolist(), shape, dtype.is_floating_point, suffixes, options)
+    return PrintedValues(printed.tolist(), shape, dtype.is_floating_point, suffixes, options)
 
 
 def _gather(tensor: torch.Tensor, shape: tuple[int, ...], cuts: tuple[bool, ...], edgeitems: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from graphtrace.errors import OutputPathError, UnsupportedTensorError
 from graphtrace.io.file_writer import BackgroundWriter
 from graphtrace.io.safetensors_format import DTYPE_NAMES, bundle_header, single_tensor_header
-from graphtrace.io.tensor_repr import repr_lines
+from graphtrace.io.tensor_repr import PrintedValues, lines_of, printed_values, repr_lines
 from graphtrace.reprs import SPEC_LINEWIDTH
 
 __all__ = ["BUNDLE_SUFFIX", "BundleSink", "ReprSink", "SafetensorsSink", "load_tensor", "repr_lines"]
@@ -32,6 +32,13 @@ class ReprSink:
 
     def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
         return repr_lines(tensor), None
+
+    def snapshot(self, tensor: torch.Tensor, name: str) -> PrintedValues | tuple[str, ...]:
+        """The printed elements now, formatted by :meth:`store_snapshot` if the value is wanted after all."""
+        return printed_values(tensor)
+
+    def store_snapshot(self, snapshot: PrintedValues | tuple[str, ...], name: str) -> tuple[tuple[str, ...], None]:
+        return lines_of(snapshot), None
 
 
 def _host_tensor(tensor: torch.Tensor, name: str) -> torch.Tensor:
@@ -77,11 +84,23 @@ class _FileSink:
         self.directory = Path(directory)
         self.writer = writer if writer is not None else BackgroundWriter()
 
-    def _owned(self, data: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
-        queued = data.numel() * data.element_size() < self.writer.queue_bytes
+    def _owned(self, data: torch.Tensor, tensor: torch.Tensor, *, later: bool = False) -> torch.Tensor:
+        """``data`` (the host copy of ``tensor``), copied if it shares memory with ``tensor`` and is written after
+        the caller returns."""
+        queued = later or data.numel() * data.element_size() < self.writer.queue_bytes
         if queued and data.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
             return data.clone()
         return data
+
+    def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
+        return self.store_snapshot(self._owned(_host_tensor(tensor, name), tensor), name)
+
+    def snapshot(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        """A copy of ``tensor`` on the host, written by :meth:`store_snapshot` if the value is wanted after all."""
+        return self._owned(_host_tensor(tensor, name), tensor, later=True)
+
+    def store_snapshot(self, data: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
+        raise NotImplementedError
 
     def finish(self) -> None:
         """Wait until every stored tensor is on disk."""
@@ -100,18 +119,16 @@ class SafetensorsSink(_FileSink):
 
     per_name = True
 
-    def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
+    def store_snapshot(self, data: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
         filename = name.replace("/", "_")
         if not filename.endswith(".safetensors"):
             filename += ".safetensors"
         target = self.directory / filename
-        data = _host_tensor(tensor, name)
         dtype = str(data.dtype)
         if dtype not in DTYPE_NAMES:
             self.writer.drain()
             _save_file(data, target, name)
             return None, f"./{filename}"
-        data = self._owned(data, tensor)
         header = single_tensor_header(dtype, tuple(data.shape), data.numel() * data.element_size())
 
         def write() -> None:
@@ -212,8 +229,7 @@ class BundleSink(_FileSink):
 
         self.writer.submit(complete, 0)
 
-    def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
-        data = _host_tensor(tensor, name)
+    def store_snapshot(self, data: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
         dtype = str(data.dtype)
         if dtype not in DTYPE_NAMES:
             raise UnsupportedTensorError(
@@ -224,7 +240,6 @@ class BundleSink(_FileSink):
         if pad:  # keep every tensor aligned to its element size; safetensors allows no holes, so pad with bytes
             pad_fd, pad_at = self._append(f"__padding__.{self._offset}", "torch.uint8", (pad,), pad)
             self.writer.submit(lambda: _write_at(pad_fd, memoryview(bytes(pad)), pad_at), pad)
-        data = self._owned(data, tensor)
         nbytes = data.numel() * data.element_size()
         fd, at = self._append(name, dtype, tuple(data.shape), nbytes)
         target = self.directory / self._shards[-1]
