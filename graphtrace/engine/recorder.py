@@ -36,7 +36,10 @@ class ValueSink(Protocol):
     linewidth: int | None
 
     def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
-        """Keep ``tensor``'s value under ``name``; return ``(repr_lines, None)`` or ``(None, relative_file)``."""
+        """Keep ``tensor``'s value under ``name``; return ``(repr_lines, None)`` or ``(None, relative_file)``.
+
+        A sink that also has ``snapshot(tensor, name)`` and ``store_snapshot(snapshot, name)`` lets the recorder
+        skip the values of layer blocks that pruning will drop (see ``layer_pruning``)."""
         ...
 
 
