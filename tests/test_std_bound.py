@@ -10,7 +10,7 @@ import torch
 from graphtrace.engine import std_bound
 from graphtrace.engine.stats import format_scalar, summarize
 
-N = std_bound.MIN_ELEMENTS + 13  # a tail that is not a multiple of eight
+N = (1 << 16) + 13  # a tail that is not a multiple of eight
 
 
 def _torch_string(t: torch.Tensor) -> str:
@@ -89,7 +89,11 @@ def test_ill_conditioned_and_extreme_tensors() -> None:
     assert _printed(cases["squares overflow"]) is None
 
 
-def test_summarize_uses_it_and_keeps_the_reference_strings() -> None:
+def test_summarize_uses_it_and_keeps_the_reference_strings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(std_bound, "MIN_ELEMENTS", 1 << 16)
+    calls: list[int] = []
+    printed_std = std_bound.printed_std
+    monkeypatch.setattr(std_bound, "printed_std", lambda data, *a: calls.append(data.numel()) or printed_std(data, *a))
     generator = torch.Generator().manual_seed(3)
     for shape in [(1, 128, 768), (3, 7, 4099), (N,)]:
         x = torch.randn(shape, generator=generator)
@@ -98,6 +102,7 @@ def test_summarize_uses_it_and_keeps_the_reference_strings() -> None:
         summary = summarize(x)
         assert summary.spec_stats == expected
         assert summary.stats is not None and math.isclose(summary.stats.std, x.std().item(), rel_tol=1e-6)
+    assert len(calls) == 3
     transposed = torch.randn(300, 300, generator=generator).t()  # not contiguous: torch's own std
     with torch._tensor_str.printoptions(sci_mode=True):
         assert summarize(transposed).spec_stats[1] == repr(transposed.std())

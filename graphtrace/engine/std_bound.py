@@ -27,8 +27,10 @@ import torch
 
 __all__ = ["MIN_ELEMENTS", "printed_std"]
 
-MIN_ELEMENTS = 1 << 16
-"""Below this many elements torch's own ``std`` costs less than the passes here."""
+MIN_ELEMENTS = 1 << 19
+"""Below this many elements torch's own ``std`` costs no more than the passes here, measured inside real forwards
+(where the tensors are no longer in cache): the passes win on the 0.84B Llama's 0.5M to 8M element tensors and lose
+on BERT-base's 0.1M to 0.4M element ones."""
 
 _CHUNK = 1 << 18  # elements per pass: the float32 squares of a chunk stay in cache
 _U32 = 2.0**-24
