@@ -129,3 +129,15 @@ def test_bundle_needs_a_path_and_rejects_dtypes_it_cannot_hold(tmp_path: Path) -
     with pytest.raises(graphtrace.GraphtraceError, match="values='safetensors'"):
         sink.store(TENSORS["float8"], "f8")
     sink.close()
+
+
+def test_a_tensor_stored_under_several_names_is_written_once(tmp_path: Path) -> None:
+    model, inputs = llama()
+    trace = graphtrace.capture(model, inputs, path=tmp_path, values="safetensors")
+    files = [trace.find(f"LlamaForCausalLM.model.layers.0.self_attn.{p}_proj").args[0].file for p in "qkv"]
+    assert len(set(files)) == 3  # transformers' three names
+    stats = [(tmp_path / file).stat() for file in files]
+    assert len({s.st_ino for s in stats}) == 1 and stats[0].st_nlink >= 3  # one set of bytes on disk
+    again = graphtrace.capture(model, inputs, path=tmp_path, values="safetensors")  # rewriting keeps names apart
+    assert torch.equal(load_tensor(tmp_path, files[0]), load_tensor(tmp_path, files[2]))
+    assert again.find("LlamaForCausalLM.lm_head").outputs.file == "./LlamaForCausalLM.lm_head_outputs.safetensors"

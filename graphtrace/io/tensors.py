@@ -10,6 +10,8 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
+import weakref
 from pathlib import Path
 
 import torch
@@ -115,24 +117,52 @@ class _FileSink:
 
 class SafetensorsSink(_FileSink):
     """Writes each tensor to ``{directory}/{name}.safetensors`` under the key ``data`` (``use_repr=False``), byte
-    for byte as ``safetensors.torch.save_file`` (and so transformers) writes it."""
+    for byte as ``safetensors.torch.save_file`` (and so transformers) writes it.
+
+    A tensor stored again unchanged under another name (the hidden states that q, k and v projections all read) is
+    not written again: the new name is a hard link to the first file, with the same bytes. Every file is unlinked
+    before it is written, so that writing one name never changes another."""
 
     per_name = True
 
+    def __init__(self, directory: str | os.PathLike[str], writer: BackgroundWriter | None = None) -> None:
+        super().__init__(directory, writer)
+        self._written: dict[int, tuple[weakref.ref[torch.Tensor], int, Path]] = {}
+
+    def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
+        target = self.directory / _file_name(name)
+        earlier = self._written.get(id(tensor))
+        if earlier is not None and earlier[0]() is tensor and earlier[1] == tensor._version:
+            source = earlier[2]
+
+            def link() -> None:
+                try:
+                    _unlink(target)
+                    os.link(source, target)
+                except OSError:
+                    shutil.copyfile(source, target)  # a file system without hard links
+
+            self.writer.submit(link, 0)
+            return None, f"./{target.name}"
+        result = super().store(tensor, name)
+        try:
+            self._written[id(tensor)] = (weakref.ref(tensor), tensor._version, target)
+        except RuntimeError:  # an inference tensor has no version counter: no reuse
+            pass
+        return result
+
     def store_snapshot(self, data: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
-        filename = name.replace("/", "_")
-        if not filename.endswith(".safetensors"):
-            filename += ".safetensors"
-        target = self.directory / filename
+        target = self.directory / _file_name(name)
         dtype = str(data.dtype)
         if dtype not in DTYPE_NAMES:
             self.writer.drain()
             _save_file(data, target, name)
-            return None, f"./{filename}"
+            return None, f"./{target.name}"
         header = single_tensor_header(dtype, tuple(data.shape), data.numel() * data.element_size())
 
         def write() -> None:
             try:
+                _unlink(target)
                 fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
                 try:
                     _write_at(fd, memoryview(header), 0)
@@ -143,7 +173,23 @@ class SafetensorsSink(_FileSink):
                 raise _output_error(target, exc) from exc
 
         self.writer.submit(write, len(header) + data.numel() * data.element_size())
-        return None, f"./{filename}"
+        return None, f"./{target.name}"
+
+    def finish(self) -> None:
+        self._written = {}
+        super().finish()
+
+
+def _file_name(name: str) -> str:
+    filename = name.replace("/", "_")
+    return filename if filename.endswith(".safetensors") else filename + ".safetensors"
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _save_file(data: torch.Tensor, target: Path, name: str) -> None:
