@@ -20,7 +20,7 @@ from torch import nn
 
 from graphtrace.engine import PatchLedger, Recorder, attach
 from graphtrace.engine.distributed import current_rank, world_size
-from graphtrace.errors import InvalidInputsError, InvalidModelError, InvalidOptionError
+from graphtrace.errors import InvalidInputsError, InvalidModelError, InvalidOptionError, OutputPathError
 from graphtrace.io.tensors import BundleSink, ReprSink, SafetensorsSink
 from graphtrace.io.trace_files import prepare_directory
 from graphtrace.model import Trace, TraceMeta
@@ -140,13 +140,26 @@ class Session:
             self._ledger.restore()
         finally:
             self.trace = self._build_trace()
-            if isinstance(self._sink, (SafetensorsSink, BundleSink)):
-                self._sink.close()  # every streamed tensor on disk, the writer's thread stopped
+            unwritten = self._close_sink()
         if self.directory is not None and self.recording:
             self._settle_step_folders()
             self.trace.save(self.directory)
         if exc is not None and self.recording:
             exc.add_note(self._failure_note())
+            if unwritten is not None:
+                exc.add_note(f"graphtrace: {unwritten}")
+        elif unwritten is not None:
+            raise unwritten
+
+    def _close_sink(self) -> OutputPathError | None:
+        """Wait for every streamed tensor and stop the writer's thread; a failed write is returned, to be raised once
+        the trace is saved."""
+        if isinstance(self._sink, (SafetensorsSink, BundleSink)):
+            try:
+                self._sink.close()
+            except OutputPathError as error:
+                return error
+        return None
 
     def _settle_step_folders(self) -> None:
         """A session that streamed values into step_0/ and ran one step moves them up into the directory."""

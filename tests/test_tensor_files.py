@@ -141,3 +141,19 @@ def test_a_tensor_stored_under_several_names_is_written_once(tmp_path: Path) -> 
     again = graphtrace.capture(model, inputs, path=tmp_path, values="safetensors")  # rewriting keeps names apart
     assert torch.equal(load_tensor(tmp_path, files[0]), load_tensor(tmp_path, files[2]))
     assert again.find("LlamaForCausalLM.lm_head").outputs.file == "./LlamaForCausalLM.lm_head_outputs.safetensors"
+
+
+def test_a_failed_write_is_raised_after_the_trace_is_saved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import graphtrace.io.tensors as tensors
+
+    def full_disk(fd: int, data: memoryview, offset: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tensors, "_write_at", full_disk)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    with pytest.raises(OutputPathError, match="No space left on device") as raised:
+        graphtrace.capture(model, torch.ones(1, 2), path=tmp_path, values="bundle")
+    assert "Free some space" in str(raised.value)
+    trace = graphtrace.load(str(tmp_path))  # the trace is kept, the call whose values failed is marked
+    assert trace.find("Sequential.0").error.startswith("OutputPathError: cannot write")
+    assert trace.find("Sequential.0").args[0].stats is not None
