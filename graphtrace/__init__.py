@@ -8,6 +8,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# `graphtrace.compare` is both a package and its function; importing the (torch-free) function here, eagerly, makes
+# the name mean the function whatever imports the package's modules later.
+from graphtrace.compare import compare
 from graphtrace.errors import GraphtraceError
 from graphtrace.model import CallNode, TensorRecord, Trace
 
@@ -23,6 +26,10 @@ __all__ = [
     "CallNode",
     "TensorRecord",
     "load",
+    # comparing traces
+    "compare",
+    # drawing: graphtrace.render.call_graph / write_call_graph
+    "render",
     # errors
     "GraphtraceError",
 ]
@@ -33,7 +40,10 @@ _LAZY = {
     "model_addition_debugger_context": "graphtrace.compat",
 }
 
+_SUBPACKAGES = frozenset({"render"})
+
 if TYPE_CHECKING:  # pragma: no cover
+    from graphtrace import render
     from graphtrace.api import capture, tracing
     from graphtrace.compat import model_addition_debugger_context
 
@@ -44,6 +54,8 @@ def load(path: str) -> Trace:
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:  # importing a subpackage binds it here as an attribute
+        return importlib.import_module(f"graphtrace.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'graphtrace' has no attribute {name!r}")

@@ -4,6 +4,9 @@ Options are validated here, once, before the model runs. Capture leaves nothing 
 restored, torch's print options and the caller's grad mode are untouched, also when the forward raises. When it
 raises, the calls recorded so far are kept (and saved, when a path was given), the failing call is marked, and the
 original exception propagates with a note saying where the partial trace is.
+
+In a torch.distributed job only the chosen ``ranks`` record (rank 0 by default, as transformers); the others attach
+nothing and run the model untouched. graphtrace never communicates between ranks, so it cannot make one wait.
 """
 
 from __future__ import annotations
@@ -11,21 +14,23 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal, get_args
+from pathlib import Path
+from typing import Any, Literal, Union, get_args
 
 import torch
 from torch import nn
 
 from graphtrace.engine import PatchLedger, Recorder, attach
 from graphtrace.engine.distributed import current_rank, world_size
-from graphtrace.errors import InvalidInputsError, InvalidModelError, InvalidOptionError, OutputPathError
+from graphtrace.coverage import describe_fallbacks
+from graphtrace.errors import FxCaptureError, InvalidInputsError, InvalidModelError, InvalidOptionError, OutputPathError
 from graphtrace.io.tensors import BundleSink, ReprSink, SafetensorsSink
-from graphtrace.io.trace_files import prepare_directory
+from graphtrace.io.trace_files import prepare_directory, rank_directory
 from graphtrace.model import Trace, TraceMeta
 
-__all__ = ["Session", "Strategy", "Values", "capture", "check_model", "normalize_inputs", "tracing"]
+__all__ = ["Ranks", "Session", "Strategy", "Values", "capture", "check_model", "normalize_inputs", "tracing"]
 
 Values = Literal["repr", "safetensors", "bundle", "none"]
 """What the trace keeps of each tensor beyond its statistics: repr lines, a safetensors file per tensor, one
@@ -33,6 +38,10 @@ safetensors file (a bundle) per forward call, or nothing."""
 
 Strategy = Literal["auto", "fx", "eager"]
 """How module calls are captured: torch.fx where trustworthy else forward wrapping, fx only, or wrapping only."""
+
+Ranks = Union[int, Literal["all"], Sequence[int]]
+"""Which ranks of a torch.distributed job record: one rank (it writes into ``path``), or ``"all"`` or a list of
+ranks (each writes into ``path/rank_{r}/``)."""
 
 
 def check_model(model: Any) -> nn.Module:
@@ -78,6 +87,28 @@ def _check_bool(option: str, value: Any) -> None:
         raise InvalidOptionError(f"{option} must be True or False, got {value!r}.")
 
 
+def _check_ranks(ranks: Any) -> frozenset[int] | None:
+    """The ranks that record (None: every rank), each checked against this job's world size."""
+    if ranks == "all":
+        return None
+    collection = isinstance(ranks, (list, tuple, range, set, frozenset))
+    chosen = [ranks] if isinstance(ranks, int) else list(ranks) if collection else None
+    if not chosen or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in chosen):
+        raise InvalidOptionError(
+            f"ranks={ranks!r} is not a rank, a list of ranks or 'all'. Pass ranks=0 (rank 0 records, the default), "
+            "ranks=[0, 1], or ranks='all' (every rank writes into path/rank_{r}/)."
+        )
+    size = world_size()
+    outside = sorted(r for r in chosen if r >= size)
+    if outside:
+        job = f"a job of {size} processes" if size > 1 else "one process (torch.distributed is not initialized)"
+        raise InvalidOptionError(
+            f"ranks={ranks!r} names rank {outside[0]}, but this is {job}. Initialize the process group before "
+            "tracing, or pass ranks='all' to record on every rank there is."
+        )
+    return frozenset(chosen)
+
+
 class Session:
     """A capture in progress; after the ``with`` block, :attr:`trace` holds what was recorded (also on error)."""
 
@@ -91,19 +122,26 @@ class Session:
         strategy: Strategy,
         ops: bool,
         flat: bool,
+        recording_ranks: frozenset[int] | None = frozenset({0}),
+        rank_folders: bool = False,
     ) -> None:
         self.model = model
-        self.directory = prepare_directory(path) if path is not None else None
         self.values = values
         self.prune_layers = prune_layers
         self.strategy = strategy
         self.ops = ops
         self.flat = flat
         self.rank = current_rank()
-        self.recording = self.rank == 0
+        self.recording = recording_ranks is None or self.rank in recording_ranks
+        self.directory: Path | None = None
+        if path is not None and self.recording:  # a rank that does not record touches nothing
+            self.directory = prepare_directory(rank_directory(path, self.rank) if rank_folders else path)
         self.trace: Trace | None = None
-        self._sink = self._make_sink()
-        self._recorder = Recorder(self._sink, on_step_start=self._on_step_start, prune_layers=prune_layers)
+        self._sink = self._make_sink() if self.recording else None
+        self._recorder = Recorder(
+            self._sink, on_step_start=self._on_step_start, detached_steps=True, step_caches=True,
+            prune_layers=prune_layers,
+        )
         self._ledger = PatchLedger()
         self._fallbacks: dict[str, str] = {}
 
@@ -150,6 +188,8 @@ class Session:
                 exc.add_note(f"graphtrace: {unwritten}")
         elif unwritten is not None:
             raise unwritten
+        elif self.strategy == "fx" and self.trace.fallbacks:
+            raise self._fx_error()
 
     def _close_sink(self) -> OutputPathError | None:
         """Wait for every streamed tensor and stop the writer's thread; a failed write is returned, to be raised once
@@ -160,6 +200,21 @@ class Session:
             except OutputPathError as error:
                 return error
         return None
+
+    def _fx_error(self) -> FxCaptureError:
+        """strategy="fx" with modules fx could not serve: raised once the forward has run (nothing was disturbed:
+        those modules were captured by forward wrapping) and the trace is kept."""
+        assert self.trace is not None
+        fallbacks = dict(self.trace.fallbacks)
+        kept = f"saved to {self.directory}" if self.directory is not None else "kept on this error's .trace"
+        lines = "\n".join(f"  {line}" for line in describe_fallbacks(fallbacks))
+        return FxCaptureError(
+            f"strategy='fx': torch.fx could not serve {len(fallbacks)} module{'s' if len(fallbacks) != 1 else ''}:"
+            f"\n{lines}\nThe trace, with these modules captured by forward wrapping, is {kept}. Use "
+            "strategy='auto' to accept that, or strategy='eager' to skip torch.fx.",
+            fallbacks,
+            self.trace,
+        )
 
     def _settle_step_folders(self) -> None:
         """A session that streamed values into step_0/ and ran one step moves them up into the directory."""
@@ -194,7 +249,14 @@ class Session:
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         )
         directory = str(self.directory) if self.directory is not None else None
-        return Trace(steps=tuple(self._recorder.steps), meta=meta, fallbacks=self._fallbacks, directory=directory)
+        recorder = self._recorder
+        return Trace(
+            steps=tuple(recorder.steps),
+            meta=meta,
+            fallbacks=dict(self._fallbacks),
+            directory=directory,
+            step_info=tuple(recorder.step_info),
+        )
 
 
 def _version() -> str:
@@ -212,13 +274,17 @@ def tracing(
     prune_layers: bool = False,
     strategy: Strategy = "auto",
     ops: bool = False,
+    ranks: Ranks = 0,
 ) -> Iterator[Session]:
     """Record every forward call of ``model`` made inside the block (``generate()`` included), one step each.
 
     With ``path``, the trace is saved there when the block ends (each step in ``step_{i}/`` when there are several).
-    ``values="safetensors"`` streams tensors to ``path`` while the forward runs and needs it.
+    ``values="safetensors"`` streams tensors to ``path`` while the forward runs and needs it. A submodule called on
+    its own (the encoder that ``generate()`` runs first) is a step too. Each step's :class:`~graphtrace.model.StepInfo`
+    says whether it was a prefill or a decoding step and what the key/value cache held after it. ``ranks`` chooses
+    which ranks of a torch.distributed job record (see :func:`capture`).
     """
-    session = _session(model, path, values, prune_layers, strategy, ops, flat=False)
+    session = _session(model, path, values, prune_layers, strategy, ops, ranks, flat=False)
     with session:
         yield session
 
@@ -232,6 +298,7 @@ def capture(
     prune_layers: bool = False,
     strategy: Strategy = "auto",
     ops: bool = False,
+    ranks: Ranks = 0,
 ) -> Trace:
     """Run ``model`` once on ``inputs`` under ``torch.no_grad()`` and return the trace of every module call.
 
@@ -240,9 +307,14 @@ def capture(
     chooses what FULL_TENSORS holds: ``"repr"`` lines (the default, as transformers), ``"safetensors"`` files
     streamed to ``path`` during the forward, or ``"none"``. ``prune_layers`` keeps only the first and last of
     repeated layer blocks, as transformers' ``do_prune_layers``.
+
+    In a torch.distributed job, ``ranks`` chooses who records: one rank (``0``, the default, as transformers; it
+    writes into ``path``), a list of ranks or ``"all"`` (each writes into ``path/rank_{r}/``). The other ranks attach
+    nothing and write nothing; their trace has no steps. A DTensor is recorded by its local shard, with its
+    placements, mesh shape and global shape in graphtrace's own file.
     """
     args, kwargs = normalize_inputs(inputs)
-    session = _session(model, path, values, prune_layers, strategy, ops, flat=True)
+    session = _session(model, path, values, prune_layers, strategy, ops, ranks, flat=True)
     with session, torch.no_grad():
         model(*args, **kwargs)
     assert session.trace is not None
@@ -256,6 +328,7 @@ def _session(
     prune_layers: Any,
     strategy: Any,
     ops: Any,
+    ranks: Any,
     *,
     flat: bool,
 ) -> Session:
@@ -272,6 +345,7 @@ def _session(
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise InvalidOptionError(f"path must be a directory path (str or os.PathLike), got {type(path).__name__}.")
     return Session(
-        model, path=path, values=values, prune_layers=prune_layers, strategy=strategy, ops=ops, flat=flat
+        model, path=path, values=values, prune_layers=prune_layers, strategy=strategy, ops=ops, flat=flat,
+        recording_ranks=_check_ranks(ranks), rank_folders=not isinstance(ranks, int),
     )
 

@@ -72,7 +72,8 @@ def model_addition_debugger_context(
             for file in referenced_files(step) - referenced_files(tree):
                 (directory / file).unlink(missing_ok=True)
 
-    recorder = Recorder(sink, on_step=write_step, prune_layers=do_prune_layers)
+    # each call's files replace the last's
+    recorder = Recorder(sink, on_step=write_step, keep_steps=False, prune_layers=do_prune_layers)
     ledger = PatchLedger()
     try:
         attach_eager(model, recorder, ledger, root_no_grad=False)

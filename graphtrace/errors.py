@@ -4,7 +4,8 @@ Every user mistake raises a subclass of :class:`GraphtraceError` that also subcl
 naturally catch (``TypeError`` for a wrong kind of object, ``ValueError`` for a wrong value, ...), so that
 ``except ValueError`` keeps working. Messages name the offending thing, state the rule and give the remedy.
 
-Errors raised inside the user's own forward are never wrapped: they propagate with their own type.
+Errors raised inside the user's own forward are never wrapped: they propagate with their own type. The one warning,
+:class:`GraphvizWarning`, says that a call graph could not be drawn where a trace was saved regardless.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ __all__ = [
     "UnsupportedTensorError",
     "FxCaptureError",
     "GraphvizNotFoundError",
+    "GraphvizFailedError",
+    "GraphvizWarning",
 ]
 
 
@@ -51,8 +54,24 @@ class UnsupportedTensorError(GraphtraceError, TypeError):
 
 
 class FxCaptureError(GraphtraceError, RuntimeError):
-    """``strategy="fx"`` was requested but some modules cannot be traced by torch.fx."""
+    """``strategy="fx"`` was requested but some modules cannot be traced by torch.fx.
+
+    ``fallbacks`` maps each such module's path to the reason; ``trace`` is the trace that was recorded anyway (the
+    forward ran, those modules captured by forward wrapping)."""
+
+    def __init__(self, message: str, fallbacks: dict[str, str] | None = None, trace: object = None) -> None:
+        super().__init__(message)
+        self.fallbacks = dict(fallbacks or {})
+        self.trace = trace
 
 
 class GraphvizNotFoundError(GraphtraceError, RuntimeError):
     """Graphviz's ``dot`` program is not installed."""
+
+
+class GraphvizFailedError(GraphtraceError, RuntimeError):
+    """Graphviz's ``dot`` ran but could not draw the call graph."""
+
+
+class GraphvizWarning(UserWarning):
+    """The call graph beside a saved trace could not be drawn; the trace itself was saved."""

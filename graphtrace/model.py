@@ -14,10 +14,14 @@ import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time to keep this module torch-free
     import os
+
+    import networkx as nx
+
+    from graphtrace.coverage import Coverage
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -25,6 +29,7 @@ __all__ = [
     "CallNode",
     "DTensorInfo",
     "Stats",
+    "StepInfo",
     "TensorRecord",
     "Trace",
     "TraceMeta",
@@ -120,7 +125,8 @@ def iter_tensors(value: Value | None, name: str = "") -> Iterator[tuple[str, Ten
 class CallNode:
     """One call of a module (or, with op recording, of a functional op) and the calls it made.
 
-    ``path`` is the reference's ``module_path`` (``"LlamaForCausalLM.model.layers.0"``); ``index`` counts earlier calls
+    ``path`` is the reference's ``module_path`` (``"LlamaForCausalLM.model.layers.0"``), for an op its module's path,
+    ``#`` and the op's node name in the module's fx graph (``"...self_attn#matmul_1"``); ``index`` counts earlier calls
     of the same path within the same step, so ``id`` (``path@index``) is unique. ``leaf`` says whether the module has no
     child modules: the transformers format records outputs only for leaves and the root. ``outputs`` is None when
     the call raised; ``error`` then holds ``"ExceptionType: message"``. ``inputs_from`` lists the ids of the calls
@@ -148,7 +154,10 @@ class CallNode:
     @property
     def name(self) -> str:
         """A short name: the last component of the path (``"q_proj"``), the last two for a numbered block
-        (``"layers.3"``), the whole path for the root."""
+        (``"layers.3"``), the whole path for the root; an op's name in its module's graph (``"matmul_1"`` of
+        ``"...self_attn#matmul_1"``)."""
+        if self.kind == "op":
+            return self.path.rpartition("#")[2]
         parts = self.path.rsplit(".", 2)
         if len(parts) > 1 and parts[-1].isdigit():
             return ".".join(parts[-2:])
@@ -168,6 +177,29 @@ class CallNode:
 
     def output_tensors(self) -> Iterator[tuple[str, TensorRecord]]:
         yield from iter_tensors(self.outputs)
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """What one top-level call did to the key/value cache passed to it (a transformers ``Cache``, as in ``generate()``).
+
+    ``cached_tokens`` is how many tokens the cache held before the call and ``new_tokens`` how many it gained (None
+    when no cache was passed, or its length is not defined). ``cache`` is what the cache held after the call:
+    ``{"type": "DynamicCache", "layers": ({"type": "DynamicLayer", "keys": TensorRecord, "values": TensorRecord},
+    ...)}``, no full values; the records carry statistics after a prefill only (the whole cache is then the call's).
+    """
+
+    cached_tokens: int | None = None
+    new_tokens: int | None = None
+    cache: Value | None = None
+
+    @property
+    def phase(self) -> Literal["forward", "prefill", "decode"]:
+        """``"prefill"`` when the call filled an empty cache, ``"decode"`` when the cache already held tokens,
+        ``"forward"`` when no cache was passed."""
+        if self.cached_tokens is None:
+            return "forward"
+        return "decode" if self.cached_tokens > 0 else "prefill"
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,19 +225,25 @@ class Trace:
     """The calls of one or more top-level forwards (``steps``), and how they were captured.
 
     ``fallbacks`` maps a module path to the reason torch.fx could not serve it. ``directory`` is where the trace's
-    files live once saved or streamed (safetensors values are relative to it).
+    files live once saved or streamed (safetensors values are relative to it). ``step_info`` holds one
+    :class:`StepInfo` per step (prefill or decode, the cache after it); it is empty for traces read from
+    transformers' files.
     """
 
     steps: tuple[CallNode, ...]
     meta: TraceMeta
     fallbacks: Mapping[str, str] = field(default_factory=dict)
     directory: str | None = None
+    step_info: tuple[StepInfo, ...] = ()
 
     @property
     def root(self) -> CallNode:
         """The last top-level call: the only one when a single forward ran."""
         if not self.steps:
-            raise LookupError("this trace recorded no forward call (was the model called on a non-zero rank?)")
+            raise LookupError(
+                f"this trace recorded no forward call (rank {self.meta.rank} of {self.meta.world_size}; only the "
+                "ranks chosen with ranks=... record, rank 0 by default)"
+            )
         return self.steps[-1]
 
     def walk(self) -> Iterator[CallNode]:
@@ -233,16 +271,37 @@ class Trace:
                 node = failed[-1]
         return None
 
+    def coverage(self) -> Coverage:
+        """How many module calls torch.fx served, and why the others were captured by forward wrapping."""
+        from graphtrace.coverage import coverage_of
+
+        return coverage_of(self)
+
+    def first_nonfinite(self) -> CallNode | None:
+        """The first call, in the order calls returned, whose output holds NaN or Inf while its inputs are finite:
+        where non-finite values were made. None when there is none (see :mod:`graphtrace.compare.nonfinite`)."""
+        from graphtrace.compare.nonfinite import first_nonfinite
+
+        return first_nonfinite(self)
+
     def with_pruned_layers(self) -> Trace:
         """A copy in which every run of more than two layer blocks keeps only its first and last (as transformers)."""
         return dataclasses.replace(self, steps=tuple(prune_layer_blocks(step) for step in self.steps))
 
     # Conveniences that delegate to the writers; imported lazily so that the data model stays a leaf of the imports.
     def save(self, directory: str | os.PathLike[str], *, graph: bool = True) -> list[str]:
-        """Write the trace into ``directory`` (see :func:`graphtrace.io.save_trace`); returns the files written."""
-        from graphtrace.io.trace_files import save_trace
+        """Write the trace into ``directory`` (see :func:`graphtrace.io.save_trace`) and, with ``graph``, its call
+        graph as ``{Class}_call_graph.svg`` and ``.dot``; returns the files written."""
+        from graphtrace.saving import save
 
-        return save_trace(self, directory, graph=graph)
+        return save(self, directory, graph=graph)
+
+    def to_graph(self, **options: Any) -> nx.DiGraph:
+        """The call graph of a step as a networkx DiGraph: calls as nodes, nesting in ``parent``, data flow as edges.
+        Options (``step``, ``depth``, ``focus``, ``unfold``, ``max_boxes``) as :func:`graphtrace.render.call_graph`."""
+        from graphtrace.render import call_graph
+
+        return call_graph(self, **options)
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> Trace:

@@ -107,8 +107,11 @@ def test_repeated_calls_are_numbered() -> None:
     trace = graphtrace.capture(Twice(), torch.randn(2, 3))
     first, second = trace.root.children
     assert (first.id, second.id) == ("Twice.norm@0", "Twice.norm@1")
-    assert second.inputs_from == ()  # x * 3 was made by the root's own code, not by a module call
     assert trace.find("Twice.norm", 1) is second
+    # the root's graph knows that norm@1 reads norm@0's output through "* 3"; tensor identity alone cannot know
+    assert second.inputs_from == ("Twice.norm@0",)
+    eager = graphtrace.capture(Twice(), torch.randn(2, 3), strategy="eager")
+    assert eager.root.children[1].inputs_from == ()
 
 
 def test_capture_files_equal_the_shims(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def graphtrace(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def graphtrace(*args: str, cwd: Path, **environment: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **environment}
     return subprocess.run(
         [sys.executable, "-m", "graphtrace", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )

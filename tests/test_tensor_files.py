@@ -157,3 +157,21 @@ def test_a_failed_write_is_raised_after_the_trace_is_saved(tmp_path: Path, monke
     trace = graphtrace.load(str(tmp_path))  # the trace is kept, the call whose values failed is marked
     assert trace.find("Sequential.0").error.startswith("OutputPathError: cannot write")
     assert trace.find("Sequential.0").args[0].stats is not None
+
+
+@pytest.mark.parametrize("values", ["safetensors", "bundle"])
+def test_op_records_and_pruning_leave_exactly_the_referenced_files(tmp_path: Path, values: str) -> None:
+    from graphtrace.io.trace_files import referenced_files
+
+    model, inputs = llama()
+    trace = graphtrace.capture(model, inputs, path=tmp_path, values=values, ops=True, prune_layers=True)
+    saved = graphtrace.load(str(tmp_path))
+    records = [r for n in saved.walk() for _, r in (*n.input_tensors(), *n.output_tensors()) if r.file]
+    assert any("#" in r.file.split(".safetensors")[0] for r in records) or values == "bundle"  # op paths hold "#"
+    for record in records:
+        assert tuple(load_tensor(tmp_path, record.file).shape) == record.shape
+    on_disk = {p.name for p in tmp_path.glob("*.safetensors")}
+    kept = {f[2:] for step in saved.steps for f in referenced_files(step)}
+    root_outputs = {name for name in on_disk if name.startswith("LlamaForCausalLM_outputs")}
+    assert kept <= on_disk and on_disk - kept <= root_outputs  # pruned calls' and ops' files are gone
+    assert len(trace.steps) == 1

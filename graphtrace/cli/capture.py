@@ -10,8 +10,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from graphtrace.cli.common import add_capture_options, capture_with_options, describe_files, trace_summary
+from graphtrace.cli.common import (
+    add_capture_options,
+    capture_options,
+    capture_with_options,
+    describe_files,
+    graph_warnings_reported,
+    trace_summary,
+)
 from graphtrace.errors import InvalidOptionError
+from graphtrace.model import Trace
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -26,6 +34,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("target", metavar="TARGET", help="module:function or file.py:function returning (model, inputs)")
     parser.add_argument("-o", "--output", required=True, help="directory for the trace files")
+    parser.add_argument(
+        "--generate",
+        type=int,
+        metavar="N",
+        help="trace model.generate(**inputs, max_new_tokens=N, do_sample=False) instead of one forward: "
+        "one step per forward call (prefill, then each decoding step)",
+    )
     add_capture_options(parser)
     parser.set_defaults(run=run)
 
@@ -66,7 +81,35 @@ def run(args: argparse.Namespace) -> int:
         )
     model, inputs = built
     started = time.perf_counter()
-    trace = capture_with_options(model, inputs, args)
+    trace = generate_with_options(model, inputs, args) if args.generate is not None else capture_with_options(
+        model, inputs, args
+    )
     print(f"graphtrace capture: traced {trace_summary(trace)} in {time.perf_counter() - started:.2f} s")
     print(describe_files(Path(args.output)))
     return 0
+
+
+def generate_with_options(model: Any, inputs: Any, args: argparse.Namespace) -> Trace:
+    """Greedy ``model.generate(**inputs, max_new_tokens=args.generate)`` under ``graphtrace.tracing``."""
+    import torch
+
+    from graphtrace.api import tracing
+
+    if args.generate < 1:
+        raise InvalidOptionError(f"--generate {args.generate}: the number of new tokens must be at least 1.")
+    if not callable(getattr(model, "generate", None)):
+        raise InvalidOptionError(
+            f"--generate needs a model with a generate() method (a transformers model); {type(model).__name__} has "
+            "none. Leave out --generate to trace one forward call."
+        )
+    if isinstance(inputs, torch.Tensor):
+        inputs = {"input_ids": inputs}
+    if not isinstance(inputs, dict):
+        raise InvalidOptionError(
+            f"--generate passes the inputs to generate() as keyword arguments; {args.target} returned "
+            f"{type(inputs).__name__}. Return a dict (e.g. a tokenizer's output) or the input ids tensor."
+        )
+    with graph_warnings_reported(args), tracing(model, **capture_options(args)) as session:  # type: ignore[arg-type]
+        model.generate(**inputs, max_new_tokens=args.generate, do_sample=False)
+    assert session.trace is not None
+    return session.trace

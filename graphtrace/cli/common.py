@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from graphtrace.errors import GraphvizWarning
 from graphtrace.model import Trace
 
 _FILE_ROLES = {
@@ -36,19 +41,38 @@ def add_capture_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ops", action="store_true", help="also record functional ops inside fx-traced modules")
 
 
+def capture_options(args: argparse.Namespace) -> dict[str, object]:
+    """The keyword arguments of ``graphtrace.capture`` / ``tracing`` that :func:`add_capture_options` parsed, with
+    ``path`` set to ``args.output``."""
+    return {
+        "path": args.output,
+        "values": args.values,
+        "prune_layers": args.prune_layers,
+        "strategy": args.strategy,
+        "ops": args.ops,
+    }
+
+
 def capture_with_options(model: object, inputs: object, args: argparse.Namespace) -> Trace:
-    """``graphtrace.capture`` with the options of :func:`add_capture_options`, saving into ``args.output``."""
+    """``graphtrace.capture`` with the options of :func:`add_capture_options`, saving into ``args.output``; a call
+    graph that could not be drawn is reported as one line on stderr."""
     from graphtrace.api import capture
 
-    return capture(
-        model,  # type: ignore[arg-type]
-        inputs,
-        path=args.output,
-        values=args.values,
-        prune_layers=args.prune_layers,
-        strategy=args.strategy,
-        ops=args.ops,
-    )
+    with graph_warnings_reported(args):
+        return capture(model, inputs, **capture_options(args))  # type: ignore[arg-type]
+
+
+@contextmanager
+def graph_warnings_reported(args: argparse.Namespace) -> Iterator[None]:
+    """Saving inside the block reports a call graph that could not be drawn as one line on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", GraphvizWarning)
+        yield
+    for warning in caught:
+        if issubclass(warning.category, GraphvizWarning):
+            print(f"graphtrace {args.command}: warning: {warning.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def trace_summary(trace: Trace) -> str:
@@ -75,6 +99,10 @@ def describe_files(directory: Path) -> str:
         role = next((text for suffix, text in _FILE_ROLES.items() if path.name.endswith(suffix)), None)
         if role is not None:
             lines.append(f"  {path.name:<48} {_size(path):>9}  {role}")
+    steps = sorted(directory.glob("step_*"), key=lambda path: int(path.name.removeprefix("step_")))
+    if steps:
+        folders = f"{steps[0].name}/ ... {steps[-1].name}/"
+        lines.append(f"  {folders:<48} {'':>9}  each forward call's files (transformers format)")
     if tensors:
         total = sum(path.stat().st_size for path in tensors)
         lines.append(f"  {len(tensors)} .safetensors files, {total / 2**20:.1f} MB in all")

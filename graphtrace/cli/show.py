@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
-from graphtrace.model import CallNode, TensorRecord, Trace, Value
+from graphtrace.model import CallNode, StepInfo, TensorRecord, Trace, Value, iter_tensors
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -17,6 +17,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("trace", metavar="TRACE", help="trace directory (or one of its JSON files)")
     parser.add_argument("--depth", type=int, default=None, help="show calls down to this depth (root = 0)")
     parser.add_argument("--step", type=int, default=None, help="show only this top-level call (default: all)")
+    parser.add_argument(
+        "--nonfinite",
+        action="store_true",
+        help="name the first call whose output holds NaN or Inf while its inputs are finite, instead of the tree",
+    )
     parser.set_defaults(run=run)
 
 
@@ -27,7 +32,8 @@ def describe_value(value: Value | None, limit: int = 3) -> str:
     if isinstance(value, TensorRecord):
         text = f"[{', '.join(map(str, value.shape))}] {value.dtype.removeprefix('torch.')}"
         if value.dtensor is not None:
-            text += f" (local shard of {list(value.dtensor.global_shape)})"
+            placements = value.dtensor.placements.removeprefix("(").removesuffix(")").rstrip(",")
+            text += f" (local shard of {list(value.dtensor.global_shape)}: {placements})"
         return text
     if isinstance(value, str):
         return value if len(value) <= 24 else value[:21] + "..."
@@ -69,6 +75,26 @@ def _markers(node: CallNode, trace: Trace) -> str:
     return "  ".join(marks)
 
 
+def describe_step(info: StepInfo) -> str:
+    """What a step did to its key/value cache: ``decode, 1 token after 7 cached; DynamicCache after: 6 x [1, 2, 8, 8]
+    float32``; empty for a step without a cache."""
+    if info.phase == "forward":
+        return ""
+    tokens = "" if info.new_tokens is None else f", {info.new_tokens} token{'s' if info.new_tokens != 1 else ''}"
+    where = f" after {info.cached_tokens} cached" if info.phase == "decode" else " into an empty cache"
+    text = f"{info.phase}{tokens}{where}"
+    if isinstance(info.cache, dict):
+        groups: dict[str, int] = {}
+        records = [record for _, record in iter_tensors(info.cache)]
+        for record in records:
+            key = f"[{', '.join(map(str, record.shape))}] {record.dtype.removeprefix('torch.')}"
+            groups[key] = groups.get(key, 0) + 1
+        held = ", ".join(f"{count} x {key}" for key, count in groups.items()) or "empty"
+        bad = sum(not record.is_finite for record in records)
+        text += f"; {info.cache.get('type', 'cache')} after: {held}" + (f", {bad} NON-FINITE" if bad else "")
+    return text
+
+
 def tree_lines(trace: Trace, node: CallNode, depth: int | None) -> Iterator[str]:
     """The lines of ``node``'s subtree, box-drawn."""
 
@@ -100,13 +126,21 @@ def run(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace)
     calls = sum(1 for _ in trace.walk())
     meta = trace.meta
-    print(f"{meta.model_class}: {len(trace.steps)} forward call(s), {calls} calls, captured with {meta.strategy}")
+    rank = f"rank {meta.rank} of {meta.world_size}, " if meta.world_size > 1 else ""
+    print(f"{meta.model_class}: {rank}{len(trace.steps)} forward call(s), {calls} calls, captured with {meta.strategy}")
+    if args.nonfinite:
+        from graphtrace.compare.nonfinite import describe_nonfinite
+
+        print(describe_nonfinite(trace))
+        return 0
+    print(f"coverage: {trace.coverage()}")
     steps = list(enumerate(trace.steps))
     if args.step is not None:
         steps = [steps[args.step]]
     for number, step in steps:
-        if len(trace.steps) > 1:
-            print(f"step {number}:")
+        about = describe_step(trace.step_info[number]) if number < len(trace.step_info) else ""
+        if len(trace.steps) > 1 or about:
+            print(f"step {number}:" + (f" {about}" if about else ""))
         for line in tree_lines(trace, step, args.depth):
             print(line)
     return 0

@@ -22,6 +22,11 @@ def attach(
     ops: bool,
     root_no_grad: bool,
 ) -> dict[str, str]:
-    """Make ``model``'s calls reach ``recorder``; every patch goes through ``ledger``. Returns the fallbacks."""
-    attach_eager(model, recorder, ledger, root_no_grad=root_no_grad)
-    return {}
+    """Make ``model``'s calls reach ``recorder``; every patch goes through ``ledger``. Returns the fallbacks (module
+    path -> why torch.fx did not serve it), filled as the model runs."""
+    if strategy == "eager":
+        attach_eager(model, recorder, ledger, root_no_grad=root_no_grad)
+        return {}
+    from graphtrace.engine.fx import attach_fx  # torch.fx loads only when asked for
+
+    return attach_fx(model, recorder, ledger, ops=ops, root_no_grad=root_no_grad)

@@ -3,7 +3,8 @@
 Both capture strategies (forward wrapping and torch.fx graphs) report the same three events: a call begins, a call
 returns, a call raises. The recorder keeps the call stack, numbers repeated calls of a module (``path@N``), turns
 tensors into :class:`~graphtrace.model.TensorRecord`\\ s and assembles the :class:`~graphtrace.model.CallNode` tree.
-Each top-level call becomes a *step*; a call that starts outside any top-level call is not recorded.
+Each top-level call becomes a *step*; a call that starts outside any top-level call is not recorded, unless
+``detached_steps`` makes it a step of its own (``generate()`` runs an encoder-decoder model's encoder that way).
 
 Not thread-safe: one recorder follows one forward at a time.
 """
@@ -17,14 +18,16 @@ from typing import Any, Protocol
 
 import torch
 
+from graphtrace.engine.caches import StepCache, find_cache
 from graphtrace.engine.layer_pruning import LayerBlockDeferral
-from graphtrace.engine.stats import summarize
-from graphtrace.model import CallNode, DTensorInfo, TensorRecord, Value
+from graphtrace.engine.stats import TensorSummary, summarize
+from graphtrace.model import CallKind, CallNode, DTensorInfo, StepInfo, TensorRecord, Value
 from graphtrace.reprs import sanitize_repr, spec_printoptions
 
 __all__ = ["Frame", "Recorder", "ValueSink"]
 
 _PLAIN_SCALARS = frozenset({type(None), bool, int, float, str})
+_NO_SUMMARY = TensorSummary(None, None, 0, 0)
 
 
 class ValueSink(Protocol):
@@ -40,6 +43,10 @@ class ValueSink(Protocol):
 
         A sink that also has ``snapshot(tensor, name)`` and ``store_snapshot(snapshot, name)`` lets the recorder
         skip the values of layer blocks that pruning will drop (see ``layer_pruning``)."""
+        ...
+
+    def discard(self, file: str) -> None:
+        """Remove a file :meth:`store` wrote, whose record was withdrawn."""
         ...
 
 
@@ -62,9 +69,11 @@ class Frame:
     """A call in progress."""
 
     __slots__ = ("path", "index", "name", "type_name", "leaf", "strategy", "root", "args", "kwargs", "children",
-                 "inputs_from")
+                 "inputs_from", "kind")
 
-    def __init__(self, path: str, index: int, type_name: str, leaf: bool, strategy: str, root: bool) -> None:
+    def __init__(
+        self, path: str, index: int, type_name: str, leaf: bool, strategy: str, root: bool, kind: CallKind = "module"
+    ) -> None:
         self.path = path
         self.index = index
         # The prefix of this call's file names: the first call keeps the reference's name, later calls get "@N" so
@@ -78,6 +87,7 @@ class Frame:
         self.kwargs: Mapping[str, Value] = {}
         self.children: list[CallNode] = []
         self.inputs_from: list[str] = []
+        self.kind = kind
 
     @property
     def id(self) -> str:
@@ -100,6 +110,10 @@ class Recorder:
 
     ``sink`` receives the tensors whose full value is wanted (None: statistics only). ``on_step_start`` is called with
     the number of each top-level call as it begins, ``on_step`` with each finished one, also when it raised.
+    ``detached_steps`` records a submodule call made outside any call of the model as a step of its own;
+    ``step_caches`` fills :attr:`step_info` (what each step did to the key/value cache passed to it);
+    ``keep_steps=False`` hands each step to ``on_step`` without keeping it (the transformers shim needs only the last).
+    ``prune_layers`` records the layer blocks that pruning will drop without their values (see ``layer_pruning``).
     """
 
     def __init__(
@@ -107,6 +121,10 @@ class Recorder:
         sink: ValueSink | None = None,
         on_step: Callable[[CallNode], None] | None = None,
         on_step_start: Callable[[int], None] | None = None,
+        *,
+        detached_steps: bool = False,
+        step_caches: bool = False,
+        keep_steps: bool = True,
         prune_layers: bool = False,
     ) -> None:
         self.sink = sink
@@ -115,7 +133,13 @@ class Recorder:
         self._linewidth = sink.linewidth if sink is not None else None
         self.on_step = on_step
         self.on_step_start = on_step_start
+        self.detached_steps = detached_steps
+        self.step_caches = step_caches
+        self.keep_steps = keep_steps
         self.steps: list[CallNode] = []
+        self.step_info: list[StepInfo] = []
+        self._step_count = 0
+        self._step_cache: StepCache | None = None
         self._stack: list[Frame] = []
         self._counts: dict[str, int] = {}
         self._seen: dict[int, _Seen] = {}
@@ -137,18 +161,26 @@ class Recorder:
         *,
         strategy: str = "eager",
         root: bool = False,
+        kind: CallKind = "module",
     ) -> Frame | None:
-        """Record the start of a call; returns None when the call is not recorded (it began outside a step)."""
+        """Record the start of a call; returns None when the call is not recorded (it began outside a step).
+
+        An op's call (``kind="op"``, recorded by the fx engine) takes no part in data flow by tensor identity: the
+        engine knows it from the graph."""
         if not self._stack:
-            if not root:
+            if not (root or self.detached_steps):
                 return None
+            root = True  # the first call of a step is its root, also a detached submodule call
             self._counts = {}
             self._seen = {}
+            if self.step_caches:
+                cache = find_cache((*args, *kwargs.values()))
+                self._step_cache = StepCache(cache) if cache is not None else None
             if self.on_step_start is not None:
-                self.on_step_start(len(self.steps))
+                self.on_step_start(self._step_count)
         index = self._counts.get(path, 0)
         self._counts[path] = index + 1
-        frame = Frame(path, index, type_name, leaf, strategy, root)
+        frame = Frame(path, index, type_name, leaf, strategy, root, kind)
         if self._deferral is not None:
             self._deferral.begin(frame, self._stack[-1] if self._stack else None)
         prefix = f"{frame.name}_inputs"
@@ -200,6 +232,7 @@ class Recorder:
             path=frame.path,
             index=frame.index,
             type_name=frame.type_name,
+            kind=frame.kind,
             leaf=frame.leaf,
             strategy=frame.strategy,
             args=frame.args,
@@ -214,10 +247,37 @@ class Recorder:
         if self._stack:
             self._stack[-1].children.append(node)
             return
-        self.steps.append(node)
+        if self.step_caches:
+            watched, self._step_cache = self._step_cache, None
+            self.step_info.append(watched.step_info(self._state_tensor) if watched is not None else StepInfo())
+        if self.keep_steps:
+            self.steps.append(node)
+        self._step_count += 1
         self._seen = {}
         if self.on_step is not None:
             self.on_step(node)
+
+    def producer_of(self, tensor: torch.Tensor) -> str | None:
+        """The id of the call whose output ``tensor`` was, if it was recorded as one in this step."""
+        seen = self._seen.get(id(tensor))
+        return seen.producer if seen is not None and seen.ref() is tensor else None
+
+    def discard_ops(self, frame: Frame) -> None:
+        """Withdraw the op records made inside ``frame`` (their graph failed verification): the nodes, their call
+        numbers and any files the sink wrote for them."""
+        kept = []
+        for node in frame.children:
+            if node.kind != "op":
+                kept.append(node)
+                continue
+            self._counts[node.path] -= 1
+            if self._deferral is not None:
+                self._deferral.withdraw(node)
+            if self.sink is not None:
+                for _, record in (*node.input_tensors(), *node.output_tensors()):
+                    if record.file is not None:
+                        self.sink.discard(record.file)
+        frame.children = kept
 
     # -- values -----------------------------------------------------------------------------------------------------
 
@@ -254,7 +314,9 @@ class Recorder:
         dtensor: DTensorInfo | None,
     ) -> TensorRecord:
         seen = self._remember(tensor)
-        if produced:
+        if frame.kind == "op":
+            pass
+        elif produced:
             seen.producer = frame.id
         elif seen.producer is not None and seen.producer not in frame.inputs_from:
             frame.inputs_from.append(seen.producer)
@@ -272,6 +334,14 @@ class Recorder:
         if dtensor is not None:
             record = dataclasses.replace(record, dtensor=dtensor)
         return record
+
+    def _state_tensor(self, value: torch.Tensor, statistics: bool) -> TensorRecord:
+        """A record of a tensor held as state (a cache's keys): no value, no data flow, statistics when asked."""
+        dtensor = None
+        if hasattr(value, "_local_tensor"):
+            value, dtensor = value._local_tensor, _dtensor_info(value)
+        record = self._remember(value).record if statistics else _record(value, _NO_SUMMARY)
+        return record if dtensor is None else dataclasses.replace(record, dtensor=dtensor)
 
     def _remember(self, tensor: torch.Tensor) -> _Seen:
         """The cached facts about ``tensor``, recomputed when it is new or was modified in place since."""
@@ -296,13 +366,14 @@ class Recorder:
 _dtype_names: dict[torch.dtype, str] = {}
 
 
-def _record(tensor: torch.Tensor) -> TensorRecord:
-    """The record of ``tensor``: shape, dtype, device and statistics, no value."""
+def _record(tensor: torch.Tensor, summary: TensorSummary | None = None) -> TensorRecord:
+    """The record of ``tensor``: shape, dtype, device and statistics (computed unless given), no value."""
     dtype = tensor.dtype
     dtype_name = _dtype_names.get(dtype)
     if dtype_name is None:
         dtype_name = _dtype_names[dtype] = str(dtype)
-    summary = summarize(tensor)
+    if summary is None:
+        summary = summarize(tensor)
     return TensorRecord(
         shape=tuple(tensor.shape),
         dtype=dtype_name,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import struct
 
-__all__ = ["DTYPE_NAMES", "HEADER_ALIGNMENT", "bundle_header", "single_tensor_header"]
+__all__ = ["DTYPE_NAMES", "HEADER_ALIGNMENT", "bundle_header", "single_tensor_header", "split_reference"]
 
 DTYPE_NAMES = {
     "torch.float64": "F64",
@@ -54,3 +54,10 @@ def bundle_header(entries: list[tuple[str, str, tuple[int, ...], int, int]], siz
     for key, dtype, shape, start, end in entries:
         header[key] = _entry(dtype, shape, start, end)
     return _framed(header, size)
+
+
+def split_reference(file: str) -> tuple[str, str | None]:
+    """A record's ``file`` as (path, key): ``./x.safetensors`` holds its tensor under ``data`` (key None), a bundle
+    reference ``./X_tensors.safetensors#key`` names the key (which may itself hold ``#``, as fx op paths do)."""
+    path, separator, key = file.partition(".safetensors#")
+    return (path + ".safetensors", key) if separator else (file, None)

@@ -4,7 +4,9 @@ Writing follows transformers' ``model_addition_debugger_context`` key for key: n
 ``inputs``, ``outputs``, ``children`` in that order; a submodule drops an empty ``args``/``kwargs`` and an empty
 ``children``; only leaf modules and the root carry outputs, and every node with children loses its ``outputs``; the
 root loses its falsy keys. SUMMARY is FULL without the tensors' ``value`` (a keyword argument that happens to be
-named ``value`` stays, unlike in transformers). A call that raised carries an extra ``error`` key.
+named ``value`` stays, unlike in transformers). A call that raised carries an extra ``error`` key. With
+``include_ops`` (a trace captured with ``ops=True``), the ops recorded inside a module are children of its node, in
+the order they ran among its module calls; a leaf module keeps its ``outputs`` beside them.
 
 Reading turns such files, written by graphtrace or by transformers, back into :class:`~graphtrace.model.CallNode`\\ s.
 """
@@ -83,12 +85,12 @@ def _node_fields(node: CallNode, root: bool, include_ops: bool) -> list[tuple[st
         inputs["kwargs"] = node.kwargs
     fields: list[tuple[str, Any]] = [("module_path", node.path), ("inputs", inputs)]
     children = [child for child in node.children if include_ops or child.kind != "op"]
-    if children:
-        fields.append(("children", children))
-    else:
+    if not any(child.kind == "module" for child in children):  # a leaf keeps its outputs beside its op children
         outputs = node.outputs if (root or node.leaf) else None
         if not root or outputs:  # the root drops falsy keys (a recorded value is falsy exactly when its JSON is)
             fields.append(("outputs", outputs))
+    if children:
+        fields.append(("children", children))
     if node.error is not None:
         fields.append(("error", node.error))
     return fields

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 from graphtrace.errors import OutputPathError, UnsupportedTensorError
 from graphtrace.io.file_writer import BackgroundWriter
-from graphtrace.io.safetensors_format import DTYPE_NAMES, bundle_header, single_tensor_header
+from graphtrace.io.safetensors_format import DTYPE_NAMES, bundle_header, single_tensor_header, split_reference
 from graphtrace.io.tensor_repr import PrintedValues, lines_of, printed_values, repr_lines
 from graphtrace.reprs import SPEC_LINEWIDTH
 
@@ -34,6 +34,9 @@ class ReprSink:
 
     def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
         return repr_lines(tensor), None
+
+    def discard(self, file: str) -> None:
+        """Nothing to remove: repr lines live in the record itself."""
 
     def snapshot(self, tensor: torch.Tensor, name: str) -> PrintedValues | tuple[str, ...]:
         """The printed elements now, formatted by :meth:`store_snapshot` if the value is wanted after all."""
@@ -175,6 +178,13 @@ class SafetensorsSink(_FileSink):
         self.writer.submit(write, len(header) + data.numel() * data.element_size())
         return None, f"./{target.name}"
 
+    def discard(self, file: str) -> None:
+        """Remove a file :meth:`store` wrote into the current directory (``file`` as :meth:`store` returned it), once
+        it is written; later stores of the same tensor write it again."""
+        target = self.directory / file
+        self._written = {key: entry for key, entry in self._written.items() if entry[2] != target}
+        self.writer.submit(lambda: _unlink(target), 0)
+
     def finish(self) -> None:
         self._written = {}
         super().finish()
@@ -299,6 +309,9 @@ class BundleSink(_FileSink):
         self.writer.submit(write, nbytes)
         return None, f"./{self._shards[-1]}#{name}"
 
+    def discard(self, file: str) -> None:
+        """Leave the bytes where they are: a bundle has no holes, and another record may point at the same key."""
+
     def finish(self) -> None:
         """Complete the step's shards and write the index ``{stem}_tensors.safetensors.index.json``."""
         self._complete_shard()
@@ -312,6 +325,13 @@ class BundleSink(_FileSink):
                 raise _output_error(path, exc) from exc
         self._shards, self._weight_map = [], {}
 
+    def discard(self, file: str) -> None:
+        """Remove a file :meth:`store` wrote into the current directory (``file`` as :meth:`store` returned it)."""
+        target = self.directory / file
+        target.unlink(missing_ok=True)
+        if target in self.written:
+            self.written.remove(target)
+
 
 def load_tensor(directory: str | os.PathLike[str], file: str) -> torch.Tensor:
     """The tensor a record's ``file`` names, relative to ``directory``: ``./name.safetensors`` (the tensor under
@@ -319,8 +339,8 @@ def load_tensor(directory: str | os.PathLike[str], file: str) -> torch.Tensor:
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    path, _, key = file.partition("#")
-    if key:
+    path, key = split_reference(file)
+    if key is not None:
         with safe_open(str(Path(directory) / path), framework="pt") as handle:
             return handle.get_tensor(key)
     return load_file(str(Path(directory) / path))["data"]

@@ -8,7 +8,9 @@ Layout of ``save_trace(trace, d)`` for a trace of one step::
     d/*.safetensors                          full values when captured with values="safetensors"
 
 A trace of several steps (several top-level forward calls) puts each step's spec files and values in ``d/step_{i}/``
-and one ``{Class}_graphtrace.json`` holding all steps in ``d``.
+and one ``{Class}_graphtrace.json`` holding all steps in ``d``. When several ranks of a torch.distributed job record,
+each rank's trace directory is ``d/rank_{r}/``. The call graph beside them is drawn by ``graphtrace.saving`` (io and
+render do not import each other).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from graphtrace.errors import OutputPathError, TraceFormatError
 from graphtrace.io.spec_json import FULL_SUFFIX, SUMMARY_SUFFIX, read_spec_file, write_spec_files
+from graphtrace.io.safetensors_format import split_reference
 from graphtrace.io.trace_json import trace_from_json, trace_text
 from graphtrace.model import CallNode, TensorRecord, Trace, TraceMeta
 
@@ -30,6 +33,7 @@ __all__ = [
     "find_trace_file",
     "load_trace",
     "prepare_directory",
+    "rank_directory",
     "save_trace",
     "step_directory",
     "referenced_files",
@@ -60,6 +64,11 @@ def step_directory(directory: Path, step: int, steps: int) -> Path:
     return directory if steps == 1 else directory / f"step_{step}"
 
 
+def rank_directory(directory: str | os.PathLike[str], rank: int) -> Path:
+    """Where rank ``rank`` writes its trace when several ranks record."""
+    return Path(directory) / f"rank_{rank}"
+
+
 def _all_tensors(root: CallNode) -> Iterator[TensorRecord]:
     for call in root.walk():
         for _, record in call.input_tensors():
@@ -70,7 +79,7 @@ def _all_tensors(root: CallNode) -> Iterator[TensorRecord]:
 
 def referenced_files(node: CallNode) -> set[str]:
     """The safetensors files (``./name.safetensors``) the node and its subtree point at (a bundle's shard once)."""
-    return {record.file.partition("#")[0] for record in _all_tensors(node) if record.file is not None}
+    return {split_reference(record.file)[0] for record in _all_tensors(node) if record.file is not None}
 
 
 def _bundle_indexes(directory: Path, files: set[str]) -> set[str]:
@@ -78,7 +87,7 @@ def _bundle_indexes(directory: Path, files: set[str]) -> set[str]:
     return {f"{file}.index.json" for file in files if (directory / f"{file}.index.json").is_file()}
 
 
-def save_trace(trace: Trace, directory: str | os.PathLike[str], *, graph: bool = True) -> list[str]:
+def save_trace(trace: Trace, directory: str | os.PathLike[str]) -> list[str]:
     """Write ``trace`` into ``directory`` (layout in the module docstring); returns the paths written.
 
     A trace captured with ``prune_layers`` is saved pruned, graphtrace's own file included; safetensors files that
@@ -109,14 +118,7 @@ def save_trace(trace: Trace, directory: str | os.PathLike[str], *, graph: bool =
     with open(own, "w", encoding="utf-8") as handle:
         handle.write(trace_text(trace))
     written.append(own)
-    if graph and trace.steps:
-        written += _save_graph(trace, target)
     return [str(path) for path in written]
-
-
-def _save_graph(trace: Trace, target: Path) -> list[Path]:
-    """The call graph beside the JSON, when the renderer is available (see graphtrace.render)."""
-    return []
 
 
 def find_trace_file(path: str | os.PathLike[str]) -> Path:
@@ -135,6 +137,12 @@ def find_trace_file(path: str | os.PathLike[str]) -> Path:
             raise TraceFormatError(
                 f"{str(candidate)!r} holds traces of several models ({names}); pass the file of the one you want."
             )
+    ranks = sorted(p.name for p in candidate.glob("rank_*") if p.is_dir())
+    if ranks:
+        raise TraceFormatError(
+            f"{str(candidate)!r} holds one trace per rank ({', '.join(ranks)}); pass the folder of the rank you want, "
+            f"e.g. {str(candidate / ranks[0])!r}."
+        )
     raise TraceFormatError(
         f"{str(candidate)!r} holds no trace: expected a *{OWN_SUFFIX} file (graphtrace) or a *{SUMMARY_SUFFIX} "
         "file (transformers' model_addition_debugger_context)."

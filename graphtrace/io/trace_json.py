@@ -18,7 +18,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from graphtrace.errors import TraceFormatError
-from graphtrace.model import SCHEMA_VERSION, CallNode, DTensorInfo, Stats, TensorRecord, Trace, TraceMeta, Value
+from graphtrace.model import (
+    SCHEMA_VERSION,
+    CallNode,
+    DTensorInfo,
+    Stats,
+    StepInfo,
+    TensorRecord,
+    Trace,
+    TraceMeta,
+    Value,
+)
 
 __all__ = ["FORMAT_NAME", "trace_from_json", "trace_text", "trace_to_json"]
 
@@ -132,6 +142,23 @@ def _node_in(raw: Mapping[str, Any]) -> CallNode:
     )
 
 
+def _step_info_out(info: StepInfo) -> dict[str, Any]:
+    # "phase" is derived from cached_tokens; it is written for people reading the file and ignored on reading.
+    out: dict[str, Any] = {"phase": info.phase, "cached_tokens": info.cached_tokens, "new_tokens": info.new_tokens}
+    if info.cache is not None:
+        out["cache"] = _value_out(info.cache)
+    return out
+
+
+def _step_info_in(raw: Mapping[str, Any]) -> StepInfo:
+    cache = raw.get("cache")
+    return StepInfo(
+        cached_tokens=raw.get("cached_tokens"),
+        new_tokens=raw.get("new_tokens"),
+        cache=None if cache is None else _value_in(cache),
+    )
+
+
 def trace_to_json(trace: Trace) -> dict[str, Any]:
     """The JSON document of ``trace`` (without repr lines, which live in FULL_TENSORS)."""
     return {
@@ -139,6 +166,7 @@ def trace_to_json(trace: Trace) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "meta": dataclasses.asdict(trace.meta),
         "fallbacks": dict(trace.fallbacks),
+        "step_info": [_step_info_out(info) for info in trace.step_info],
         "steps": [_node_out(step) for step in trace.steps],
     }
 
@@ -190,6 +218,9 @@ def trace_from_json(raw: Any, directory: str | None = None) -> Trace:
         meta_fields = {f.name for f in dataclasses.fields(TraceMeta)}
         meta = TraceMeta(**{k: v for k, v in raw["meta"].items() if k in meta_fields})
         steps = tuple(_node_in(step) for step in raw["steps"])
+        step_info = tuple(_step_info_in(info) for info in raw.get("step_info", ()))
     except (KeyError, TypeError, ValueError) as exc:
         raise TraceFormatError(f"malformed graphtrace trace file: {type(exc).__name__}: {exc}") from exc
-    return Trace(steps=steps, meta=meta, fallbacks=dict(raw.get("fallbacks", {})), directory=directory)
+    return Trace(
+        steps=steps, meta=meta, fallbacks=dict(raw.get("fallbacks", {})), directory=directory, step_info=step_info
+    )

@@ -1,0 +1,153 @@
+"""Comparing two traces: which calls correspond, how far apart their tensors are, and where they first diverge.
+
+``compare(a, b)`` takes two saved traces (directories written by graphtrace or by transformers'
+``model_addition_debugger_context``) or :class:`~graphtrace.model.Trace` objects. A is the reference (the original
+implementation), B the candidate (the port, the changed model). Torch is imported only when both traces hold full
+values as safetensors files.
+
+Modules: :mod:`~graphtrace.compare.rules` (rename rules), :mod:`~graphtrace.compare.align` (matching calls),
+:mod:`~graphtrace.compare.measure` (tensor differences), :mod:`~graphtrace.compare.pairs` (one matched pair),
+:mod:`~graphtrace.compare.report` (the result), :mod:`~graphtrace.compare.text` (the terminal table),
+:mod:`~graphtrace.compare.nonfinite` (the first NaN/Inf).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import get_args
+
+from graphtrace.compare.align import AlignMode, align_calls, returned_order
+from graphtrace.compare.measure import TensorDiff, Tolerance
+from graphtrace.compare.nonfinite import first_nonfinite
+from graphtrace.compare.pairs import CallDiff, diff_call
+from graphtrace.compare.report import Comparison, Unmatched
+from graphtrace.compare.rules import RenameRule, parse_rules
+from graphtrace.errors import InvalidOptionError
+from graphtrace.model import Trace
+
+__all__ = [
+    "AlignMode",
+    "CallDiff",
+    "Comparison",
+    "RenameRule",
+    "TensorDiff",
+    "Tolerance",
+    "Unmatched",
+    "compare",
+    "first_nonfinite",
+]
+
+TraceLike = Trace | str | os.PathLike[str]
+
+
+def _load(trace: TraceLike, which: str) -> tuple[Trace, str]:
+    if isinstance(trace, Trace):
+        return trace, trace.directory or trace.meta.model_class
+    if not isinstance(trace, (str, os.PathLike)):
+        raise InvalidOptionError(
+            f"trace {which} must be a Trace or the path of a saved trace, got {type(trace).__name__}."
+        )
+    from graphtrace.io.trace_files import load_trace
+
+    return load_trace(trace), str(trace)
+
+
+def _check_tolerance(name: str, value: float | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise InvalidOptionError(f"{name} must be a finite number >= 0 (or None for the dtype's default), got {value!r}.")
+
+
+def _step_pairs(a: Trace, b: Trace, step: int | None) -> list[tuple[int | None, int | None]]:
+    if step is None:
+        return [(i if i < len(a.steps) else None, i if i < len(b.steps) else None)
+                for i in range(max(len(a.steps), len(b.steps)))]
+    for trace, which in ((a, "A"), (b, "B")):
+        if not -len(trace.steps) <= step < len(trace.steps):
+            raise InvalidOptionError(
+                f"step {step} does not exist in trace {which}, which has {len(trace.steps)} forward call(s); "
+                f"choose a step from 0 to {len(trace.steps) - 1}."
+            )
+    return [(step % len(a.steps), step % len(b.steps))]
+
+
+def _step_dir(trace: Trace, step: int) -> Path | None:
+    if trace.directory is None:
+        return None
+    from graphtrace.io.trace_files import step_directory
+
+    return step_directory(Path(trace.directory), step, len(trace.steps))
+
+
+def compare(
+    a: TraceLike,
+    b: TraceLike,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    rules: Sequence[str] = (),
+    align: AlignMode = "auto",
+    step: int | None = None,
+    strict: bool = False,
+) -> Comparison:
+    """Compare trace ``b`` against the reference ``a``, call by call.
+
+    Args:
+        a, b: saved trace directories (or files), or Trace objects.
+        rtol, atol: tolerance, ``|b - a| <= atol + rtol * |a|``; None takes ``torch.testing.assert_close``'s
+            default for each tensor's dtype.
+        rules: rename rules ``"LEFT=RIGHT"`` mapping A's module names to B's, e.g.
+            ``"transformer.h.{i}=model.layers.{i}"`` (see :mod:`graphtrace.compare.rules`).
+        align: ``"auto"`` (paths, rules, then structure for the rest), ``"path"`` (paths and rules only) or
+            ``"structure"`` (execution order, module kinds and shapes only).
+        step: compare only this top-level call of each trace (default: every step, pairwise).
+        strict: calls without a counterpart make the traces unequal too.
+
+    Returns the :class:`Comparison`; ``.equal``, ``.first_divergence``, ``.table()`` and ``.to_json()`` report it.
+    """
+    _check_tolerance("rtol", rtol)
+    _check_tolerance("atol", atol)
+    if align not in get_args(AlignMode):
+        raise InvalidOptionError(f"align={align!r} is not one of {', '.join(map(repr, get_args(AlignMode)))}.")
+    if isinstance(rules, str):
+        rules = [rules]
+    compiled = parse_rules(rules)
+    trace_a, label_a = _load(a, "A")
+    trace_b, label_b = _load(b, "B")
+    tolerance = Tolerance(rtol, atol)
+    calls: list[CallDiff] = []
+    only_a: list[Unmatched] = []
+    only_b: list[Unmatched] = []
+    used: set[RenameRule] = set()
+    for step_a, step_b in _step_pairs(trace_a, trace_b, step):
+        if step_a is None or step_b is None:
+            lone, number, into = (trace_a, step_a, only_a) if step_b is None else (trace_b, step_b, only_b)
+            assert number is not None
+            into += [Unmatched(number, node) for node in lone.steps[number].walk()]
+            continue
+        root_a, root_b = trace_a.steps[step_a], trace_b.steps[step_b]
+        alignment = align_calls(root_a, root_b, rules=compiled, mode=align, tolerance=tolerance, used_rules=used)
+        dirs = (_step_dir(trace_a, step_a), _step_dir(trace_b, step_b))
+        order = {id(node): k for k, node in enumerate(returned_order(root_a))}
+        matches = sorted(alignment.matches, key=lambda match: order[id(match.a)])
+        calls += [diff_call(step_a, match, tolerance, dirs) for match in matches]
+        only_a += [Unmatched(step_a, node) for node in alignment.only_a]
+        only_b += [Unmatched(step_b, node) for node in alignment.only_b]
+    return Comparison(
+        a=trace_a,
+        b=trace_b,
+        a_label=label_a,
+        b_label=label_b,
+        tolerance=tolerance,
+        align=align,
+        rules=tuple(rule.text for rule in compiled),
+        calls=tuple(calls),
+        only_in_a=tuple(only_a),
+        only_in_b=tuple(only_b),
+        unused_rules=tuple(rule.text for rule in compiled if rule not in used),
+        strict=strict,
+    )

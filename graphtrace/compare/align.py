@@ -1,0 +1,334 @@
+"""Which call of trace B corresponds to which call of trace A.
+
+Three ways, tried in this order (``mode="auto"``):
+
+1. **path**: the same module path relative to the model (``model.layers.1.mlp`` in both) and the same call index;
+2. **rule**: A's path renamed by the user's rules (:mod:`graphtrace.compare.rules`) names a call of B;
+3. **structure**: the calls still unmatched are aligned by execution order, in the gaps between the calls matched
+   so far: containers first, then the rest between the containers matched. Two calls can pair when they are of
+   the same kind, both leaves or both containers, and take and return tensors of the same shapes (module types
+   may differ: ``Conv1D`` and ``nn.Linear``). The order-preserving pairing of the highest score wins; a pair
+   scores more when its module types are the same and when its statistics agree. Ties go to the earliest call,
+   so that a module followed by a no-op (a dropout in eval mode) pairs with the module.
+
+``mode="path"`` stops after rules; ``mode="structure"`` aligns everything but the two roots by structure.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from graphtrace.compare.measure import StatPoint, Tolerance
+from graphtrace.compare.rules import RenameRule, apply_rules
+from graphtrace.model import CallNode, TensorRecord
+
+__all__ = ["AlignMode", "Alignment", "Match", "MatchKind", "align_calls", "relative_path", "returned_order"]
+
+AlignMode = Literal["auto", "path", "structure"]
+MatchKind = Literal["path", "rule", "structure"]
+
+FULL_DP_CELLS = 250_000
+"""Gaps of up to this many candidate pairs are aligned exactly; larger ones within a band around the diagonal."""
+
+BAND_MARGIN = 64
+
+DP_CELL_LIMIT = 1_000_000
+"""Above this many pairs in a gap's band, structural alignment goes window by window instead of in one piece."""
+
+_WINDOW = 128
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """Call ``a`` of trace A corresponds to call ``b`` of trace B; ``how`` says why."""
+
+    a: CallNode
+    b: CallNode
+    how: MatchKind
+
+
+@dataclass(frozen=True, slots=True)
+class Alignment:
+    """The matches of one step, in A's execution order, and the calls left unmatched on each side."""
+
+    matches: tuple[Match, ...]
+    only_a: tuple[CallNode, ...]
+    only_b: tuple[CallNode, ...]
+
+
+def relative_path(node: CallNode, root: CallNode) -> str:
+    """``node``'s path without the model's class name: ``model.layers.0`` (the root itself is ``""``)."""
+    if node.path == root.path:
+        return ""
+    prefix = root.path + "."
+    return node.path[len(prefix) :] if node.path.startswith(prefix) else node.path
+
+
+def returned_order(node: CallNode) -> Iterator[CallNode]:
+    """``node`` and the calls below it in the order they returned: children before their parent."""
+    for child in node.children:
+        yield from returned_order(child)
+    yield node
+
+
+# -- by path and by rule -------------------------------------------------------------------------------------------
+
+
+def _by_path(
+    a_calls: Sequence[CallNode],
+    b_root: CallNode,
+    b_calls: Sequence[CallNode],
+    a_root: CallNode,
+    rules: Sequence[RenameRule],
+    used: set[RenameRule],
+) -> dict[int, tuple[int, MatchKind]]:
+    """A's position -> (B's position, how) for every call whose (renamed) path and index exist in B."""
+    b_index = {(relative_path(node, b_root), node.index): j for j, node in enumerate(b_calls)}
+    found: dict[int, tuple[int, MatchKind]] = {}
+    taken: set[int] = set()
+    for i, node in enumerate(a_calls):
+        path = relative_path(node, a_root)
+        renamed = apply_rules(rules, path, used)
+        j = b_index.get((renamed, node.index))
+        if j is not None and j not in taken:
+            found[i] = (j, "path" if renamed == path else "rule")
+            taken.add(j)
+    return found
+
+
+# -- by structure --------------------------------------------------------------------------------------------------
+
+
+class _Signature:
+    """What structural alignment looks at in one call."""
+
+    __slots__ = ("node", "key", "first_out", "out_shapes", "n_inputs", "probe")
+
+    def __init__(self, node: CallNode) -> None:
+        self.node = node
+        inputs = [record for _, record in node.input_tensors()]
+        first_in = inputs[0].shape if inputs else None
+        self.key = (node.kind, node.leaf, first_in)
+        self.n_inputs = len(inputs)
+        if node.outputs is None:  # a container in transformers' format, or a call that raised: outputs unknown
+            self.first_out: TensorRecord | None = None
+            self.out_shapes: tuple[tuple[int, ...], ...] | None = None
+        else:
+            outputs = [record for _, record in node.output_tensors()]
+            self.first_out = outputs[0] if outputs else None
+            self.out_shapes = tuple(record.shape for record in outputs)
+        # the statistics that tell two candidate pairings apart
+        probe = self.first_out if self.first_out is not None else (inputs[0] if inputs else None)
+        self.probe = StatPoint.of(probe) if probe is not None else None
+
+
+class _Scorer:
+    """How well two calls of the same key pair (0: they cannot), with the tolerance of each pair of dtypes cached."""
+
+    def __init__(self, tolerance: Tolerance) -> None:
+        self.tolerance = tolerance
+        self.tolerances: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def __call__(self, x: _Signature, y: _Signature) -> int:
+        if x.out_shapes is not None and y.out_shapes is not None:
+            first_x = x.first_out.shape if x.first_out is not None else None
+            first_y = y.first_out.shape if y.first_out is not None else None
+            if first_x != first_y:
+                return 0
+        score = 4
+        if x.node.type_name and x.node.type_name == y.node.type_name:
+            score += 4
+        if x.out_shapes is not None and x.out_shapes == y.out_shapes:
+            score += 1
+        if x.n_inputs == y.n_inputs:
+            score += 1
+        if x.probe is not None and y.probe is not None:
+            dtypes = (x.probe.dtype, y.probe.dtype)
+            if dtypes not in self.tolerances:
+                self.tolerances[dtypes] = self.tolerance.for_dtypes(*dtypes)
+            if x.probe.close_to(y.probe, *self.tolerances[dtypes]):
+                score += 4
+        return score
+
+
+def _bands(n: int, m: int) -> list[tuple[int, int]]:
+    """For each x, the ys ``[lo, hi)`` it may pair with: all of them in a small gap; in a large one, a band around
+    the diagonal as wide as the difference in length plus a margin (the pairing of a port that adds or drops calls
+    stays inside it)."""
+    if n * m <= FULL_DP_CELLS:
+        return [(0, m)] * n
+    width = abs(n - m) + BAND_MARGIN
+    return [(max(0, i * m // n - width), min(m, i * m // n + width + 1)) for i in range(n)]
+
+
+def _candidates(ys: Sequence[_Signature]) -> dict[tuple[object, ...], list[int]]:
+    by_key: dict[tuple[object, ...], list[int]] = defaultdict(list)
+    for j, y in enumerate(ys):
+        by_key[y.key].append(j)
+    return by_key
+
+
+def _scores(
+    xs: Sequence[_Signature], ys: Sequence[_Signature], bands: Sequence[tuple[int, int]], score: _Scorer
+) -> list[dict[int, int]]:
+    """For each x, the ys in its band it can pair with and how well (sparse: most pairs cannot)."""
+    by_key = _candidates(ys)
+    table = []
+    for x, (lo, hi) in zip(xs, bands):
+        row = {}
+        candidates = by_key.get(x.key, [])
+        for j in candidates[bisect.bisect_left(candidates, lo) : bisect.bisect_left(candidates, hi)]:
+            value = score(x, ys[j])
+            if value:
+                row[j] = value
+        table.append(row)
+    return table
+
+
+_UNREACHABLE = -(1 << 60)
+
+
+def _optimal_pairs(table: list[dict[int, int]], m: int, bands: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The order-preserving pairing of the highest total score within the bands; ties pair the earliest calls.
+
+    ``best(i, j)`` is the best score of pairing ``xs[i:]`` with ``ys[j:]``, kept for ``j`` in row i's band."""
+    n = len(table)
+    rows: list[list[int]] = [[]] * n
+    starts = [lo for lo, _ in bands]
+
+    def best(i: int, j: int) -> int:
+        if i == n or j == m:
+            return 0
+        k = j - starts[i]
+        return rows[i][k] if 0 <= k < len(rows[i]) else _UNREACHABLE
+
+    for i in range(n - 1, -1, -1):
+        lo, hi = bands[i]
+        row = [0] * (hi - lo + 1)
+        rows[i] = row
+        scores = table[i]
+        for j in range(min(hi, m - 1), lo - 1, -1):
+            value = max(row[j + 1 - lo] if j + 1 <= hi else best(i, j + 1), best(i + 1, j))
+            score = scores.get(j)
+            if score is not None:
+                value = max(value, score + best(i + 1, j + 1))
+            row[j - lo] = value
+    pairs, i, j = [], 0, 0
+    while i < n and j < m:
+        score = table[i].get(j)
+        if score is not None and best(i, j) == score + best(i + 1, j + 1):
+            pairs.append((i, j))
+            i, j = i + 1, j + 1
+        elif best(i, j) == best(i + 1, j):
+            i += 1
+        else:
+            j += 1
+    return pairs
+
+
+def _windowed_pairs(xs: Sequence[_Signature], ys: Sequence[_Signature], score: _Scorer) -> list[tuple[int, int]]:
+    """For gaps too large to align in one piece: align a window of xs with the ys in proportion (plus a margin),
+    keep the pairs of the window's first half, and slide on from the last pair kept."""
+    n, m = len(xs), len(ys)
+    pairs: list[tuple[int, int]] = []
+    i0 = j0 = 0
+    while i0 < n and j0 < m:
+        i1 = min(n, i0 + _WINDOW)
+        j1 = min(m, j0 + -(-(i1 - i0) * m // n) + BAND_MARGIN)
+        block_x, block_y = xs[i0:i1], ys[j0:j1]
+        bands = [(0, len(block_y))] * len(block_x)
+        found = _optimal_pairs(_scores(block_x, block_y, bands, score), len(block_y), bands)
+        if i1 < n:
+            found = [(i, j) for i, j in found if i < _WINDOW // 2]
+        pairs += [(i0 + i, j0 + j) for i, j in found]
+        if i1 == n:
+            break
+        i0, j0 = (pairs[-1][0] + 1, pairs[-1][1] + 1) if found else (i0 + _WINDOW // 2, j0)
+    return pairs
+
+
+def _by_structure(xs: Sequence[_Signature], ys: Sequence[_Signature], tolerance: Tolerance) -> list[tuple[int, int]]:
+    if not xs or not ys:
+        return []
+    score = _Scorer(tolerance)
+    bands = _bands(len(xs), len(ys))
+    if sum(hi - lo for lo, hi in bands) > DP_CELL_LIMIT:
+        return _windowed_pairs(xs, ys, score)
+    return _optimal_pairs(_scores(xs, ys, bands, score), len(ys), bands)
+
+
+def _monotone_chain(anchors: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The longest run of anchors (sorted by A position) whose B positions increase too."""
+    tails: list[int] = []
+    tail_at: list[int] = []
+    parent = [-1] * len(anchors)
+    for k, (_, j) in enumerate(anchors):
+        pos = bisect.bisect_left(tails, j)
+        if pos == len(tails):
+            tails.append(j)
+            tail_at.append(k)
+        else:
+            tails[pos] = j
+            tail_at[pos] = k
+        parent[k] = tail_at[pos - 1] if pos else -1
+    chain, k = [], tail_at[-1] if tail_at else -1
+    while k >= 0:
+        chain.append(anchors[k])
+        k = parent[k]
+    return chain[::-1]
+
+
+def _structure_pass(
+    found: dict[int, tuple[int, MatchKind]],
+    a_calls: Sequence[CallNode],
+    b_calls: Sequence[CallNode],
+    tolerance: Tolerance,
+    containers_only: bool,
+) -> None:
+    """Align the unmatched calls (or only the unmatched containers) in each gap between matched calls."""
+    anchors = sorted((i, j) for i, (j, _) in found.items())
+    chain = _monotone_chain(anchors) + [(len(a_calls), len(b_calls))]
+    matched_b = {j for j, _ in found.values()}
+    for (i0, j0), (i1, j1) in zip(chain, chain[1:]):
+        gap_a = [i for i in range(i0 + 1, i1) if i not in found and not (containers_only and a_calls[i].leaf)]
+        gap_b = [j for j in range(j0 + 1, j1) if j not in matched_b and not (containers_only and b_calls[j].leaf)]
+        xs = [_Signature(a_calls[i]) for i in gap_a]
+        ys = [_Signature(b_calls[j]) for j in gap_b]
+        for x, y in _by_structure(xs, ys, tolerance):
+            found[gap_a[x]] = (gap_b[y], "structure")
+
+
+def align_calls(
+    a_root: CallNode,
+    b_root: CallNode,
+    *,
+    rules: Sequence[RenameRule] = (),
+    mode: AlignMode = "auto",
+    tolerance: Tolerance = Tolerance(),
+    used_rules: set[RenameRule] | None = None,
+) -> Alignment:
+    """Match the calls of two steps (see the module docstring); the roots always match each other.
+
+    Structure aligns containers first and then, between the containers matched, everything else: the gaps stay
+    small, so a model of thousands of calls aligns in about a second (benchmarks/compare_alignment.py)."""
+    a_calls, b_calls = list(a_root.walk()), list(b_root.walk())
+    used = used_rules if used_rules is not None else set()
+    if mode == "structure":
+        found: dict[int, tuple[int, MatchKind]] = {0: (0, "path")}
+    else:
+        found = _by_path(a_calls, b_root, b_calls, a_root, rules, used)
+        found[0] = (0, "path")
+    if mode != "path":
+        _structure_pass(found, a_calls, b_calls, tolerance, containers_only=True)
+        _structure_pass(found, a_calls, b_calls, tolerance, containers_only=False)
+    matches = tuple(Match(a_calls[i], b_calls[j], how) for i, (j, how) in sorted(found.items()))
+    taken_b = {j for j, _ in found.values()}
+    return Alignment(
+        matches=matches,
+        only_a=tuple(node for i, node in enumerate(a_calls) if i not in found),
+        only_b=tuple(node for j, node in enumerate(b_calls) if j not in taken_b),
+    )

@@ -1,0 +1,160 @@
+"""One matched pair of calls -> a :class:`CallDiff`: their tensors paired up and measured.
+
+Tensors pair by position first (``inputs_args_0`` with ``inputs_args_0``, ``outputs_logits`` with
+``outputs_logits``); what is left pairs in order among tensors of the same shape, so that a port passing
+``hidden_states`` by keyword still compares with an original passing it positionally. Inputs left over stay apart
+(extra arguments, not a difference); outputs left over pair in order anyway, so that an output of the wrong shape
+is reported. Full values are loaded (through :mod:`graphtrace.io.tensors`) only when both traces hold files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from graphtrace.compare.align import Match, MatchKind
+from graphtrace.compare.measure import Status, TensorDiff, Tolerance, measure
+from graphtrace.errors import TraceFormatError
+from graphtrace.model import CallNode, TensorRecord
+
+__all__ = ["CallDiff", "diff_call"]
+
+Named = tuple[str, TensorRecord]
+
+
+@dataclass(frozen=True, slots=True)
+class CallDiff:
+    """A matched pair of calls (``a`` in trace A, ``b`` in trace B, of step ``step``) and how they differ.
+
+    ``status`` is about the outputs: ``"diverged"`` when an output tensor is outside tolerance or differs in shape,
+    or when only one call raised (``error`` says which); ``"equal"`` when some output was compared and none
+    diverged; ``"unchecked"`` when no output could be compared (a container in transformers' format has none).
+    """
+
+    step: int
+    a: CallNode
+    b: CallNode
+    how: MatchKind
+    inputs: tuple[TensorDiff, ...]
+    outputs: tuple[TensorDiff, ...]
+    only_in_a: tuple[str, ...] = ()
+    only_in_b: tuple[str, ...] = ()
+    error: str | None = None
+
+    @property
+    def status(self) -> Status:
+        if self.error is not None or any(d.status == "diverged" for d in self.outputs):
+            return "diverged"
+        return "equal" if any(d.status == "equal" for d in self.outputs) else "unchecked"
+
+    @property
+    def inputs_agree(self) -> bool:
+        """No input tensor diverges (inputs that could not be compared count as agreeing)."""
+        return not any(d.status == "diverged" for d in self.inputs)
+
+    @property
+    def reason(self) -> str:
+        """Why the pair diverges, in words ("" when it does not)."""
+        if self.error is not None:
+            return self.error
+        worst = self.worst
+        if worst is not None and worst.status == "diverged":
+            return f"{worst.name_a}: {worst.reason}"
+        changed = next((d for d in self.inputs if d.status == "diverged"), None)
+        return f"{changed.name_a}: {changed.reason}" if changed is not None else ""
+
+    @property
+    def worst(self) -> TensorDiff | None:
+        """The output that differs most (a diverged one when there is one)."""
+        ranked = sorted(self.outputs, key=lambda d: (d.status == "diverged", d.largest or 0.0))
+        return ranked[-1] if ranked else None
+
+
+def _pair(
+    a_items: Iterable[Named], b_items: Iterable[Named], *, any_shape: bool
+) -> tuple[list[tuple[Named, Named]], list[str], list[str]]:
+    """Pairs of tensors, and the names left unpaired in A and in B. With ``any_shape``, tensors still unpaired after
+    the name and shape passes pair in order anyway (so that an output of the wrong shape is reported)."""
+    rest_b = list(b_items)
+    by_name = {name: k for k, (name, _) in enumerate(rest_b)}
+    pairs: list[tuple[Named, Named]] = []
+    rest_a: list[Named] = []
+    taken: set[int] = set()
+    for item in a_items:
+        k = by_name.get(item[0])
+        if k is None:
+            rest_a.append(item)
+        else:
+            pairs.append((item, rest_b[k]))
+            taken.add(k)
+    rest_b = [item for k, item in enumerate(rest_b) if k not in taken]
+    unpaired_a: list[Named] = []
+    for item in rest_a:  # same shape first, in order
+        k = next((k for k, other in enumerate(rest_b) if other[1].shape == item[1].shape), None)
+        if k is None:
+            unpaired_a.append(item)
+        else:
+            pairs.append((item, rest_b.pop(k)))
+    left = min(len(unpaired_a), len(rest_b)) if any_shape else 0
+    pairs += list(zip(unpaired_a[:left], rest_b[:left]))
+    return pairs, [name for name, _ in unpaired_a[left:]], [name for name, _ in rest_b[left:]]
+
+
+def _load(directory: Path, record: TensorRecord, where: str) -> Any:
+    from graphtrace.io.tensors import load_tensor  # imports torch: only when full values are compared
+
+    assert record.file is not None
+    try:
+        return load_tensor(directory, record.file)
+    except Exception as exc:
+        raise TraceFormatError(
+            f"trace {where} refers to {record.file}, which cannot be read from {directory} "
+            f"({type(exc).__name__}: {exc}). Copy the trace directory with all its .safetensors files."
+        ) from exc
+
+
+def _measure_pairs(
+    prefix: str,
+    pairs: list[tuple[Named, Named]],
+    tolerance: Tolerance,
+    dirs: tuple[Path | None, Path | None],
+) -> tuple[TensorDiff, ...]:
+    diffs = []
+    for (name_a, a), (name_b, b) in pairs:
+        values = None
+        if dirs[0] is not None and dirs[1] is not None and a.file and b.file and a.shape == b.shape:
+            values = (_load(dirs[0], a, "A"), _load(dirs[1], b, "B"))
+        diffs.append(measure(prefix + name_a, a, prefix + name_b, b, tolerance, values))
+    return tuple(diffs)
+
+
+def _error(a: CallNode, b: CallNode) -> str | None:
+    if a.error == b.error:
+        return None
+    if b.error is None:
+        return f"only A raised: {a.error}"
+    if a.error is None:
+        return f"only B raised: {b.error}"
+    return f"A raised {a.error}; B raised {b.error}"
+
+
+def diff_call(
+    step: int, match: Match, tolerance: Tolerance, dirs: tuple[Path | None, Path | None]
+) -> CallDiff:
+    """Compare the inputs and outputs of one matched pair; ``dirs`` are where each trace's files live."""
+    a, b = match.a, match.b
+    in_pairs, in_a, in_b = _pair(a.input_tensors(), b.input_tensors(), any_shape=False)
+    out_pairs, out_a, out_b = _pair(a.output_tensors(), b.output_tensors(), any_shape=True)
+    return CallDiff(
+        step=step,
+        a=a,
+        b=b,
+        how=match.how,
+        inputs=_measure_pairs("inputs", in_pairs, tolerance, dirs),
+        outputs=_measure_pairs("outputs", out_pairs, tolerance, dirs),
+        only_in_a=tuple([f"inputs{n}" for n in in_a] + [f"outputs{n}" for n in out_a]),
+        only_in_b=tuple([f"inputs{n}" for n in in_b] + [f"outputs{n}" for n in out_b]),
+        error=_error(a, b),
+    )

@@ -1,0 +1,177 @@
+"""The fx engine's per-module forwards: each call is recorded as eager capture records it, and verified against
+its module's graph.
+
+Every module's ``forward`` is replaced (through the :class:`~graphtrace.engine.eager.PatchLedger`) by a forward that
+reports the call to the recorder exactly as the eager engine does -- same events, same arguments, same grad mode,
+hooks untouched -- and runs the module's own forward. Beside it, the module's graph for this call's signature
+(traced on first sight, cached per module and signature) is replayed in lockstep
+(:class:`~graphtrace.engine.fx.replay.Replay`). When the replay matches the real call bit for bit, the call is
+recorded as served by fx (``strategy="fx"``) with the graph's data flow and, with ``ops``, its op records. When the
+module cannot be traced, or its graph deviates once, that module and signature keep eager capture, and the reason
+goes into the trace's fallbacks.
+
+So the real forward runs exactly once, and the model's output, the module tree and every recorded value are those
+of eager capture whatever fx does; fx adds verified structure and never replaces a value.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from graphtrace.engine.eager import PatchLedger, is_leaf, module_paths
+from graphtrace.engine.fx.replay import Replay
+from graphtrace.engine.fx.signature import CONSTANT, Signature, signature
+from graphtrace.engine.fx.tracer import Plan, TraceContext, describe_error, trace_module
+from graphtrace.engine.recorder import Frame, Recorder
+
+__all__ = ["PLANS_PER_MODULE", "FxEngine", "attach_fx"]
+
+PLANS_PER_MODULE = 8
+"""Plans kept per module, oldest dropped first: a plan holds the constants its trace created (a causal mask of the
+sequence's length), and shape-specialised plans of a growing sequence are never needed again."""
+
+
+class FxEngine:
+    """The state of fx capture for one model: plans per module and signature, the replays in progress, and the
+    fallbacks (module path -> reason)."""
+
+    def __init__(self, recorder: Recorder, ops: bool, module_paths: frozenset[str] = frozenset()) -> None:
+        self.recorder = recorder
+        self.ops = ops
+        self.module_paths = module_paths
+        self.fallbacks: dict[str, str] = {}
+        self._plans: dict[int, dict[Hashable, Plan | str]] = {}
+        self._forwards: dict[int, Callable[..., Any]] = {}
+        self._replays: list[Replay | None] = []
+        self._tracing = 0
+        self._op_prefixes: dict[str, str] = {}
+        self._context = TraceContext(FakeTensorMode(allow_non_fake_inputs=False), self.plan_for)
+
+    def wrap(
+        self, module: nn.Module, path: str, forward: Callable[..., Any], *, root: bool, no_grad: bool
+    ) -> Callable[..., Any]:
+        """A forward for ``module`` that records its calls and verifies them against its graph."""
+        type_name = type(module).__name__
+        leaf = is_leaf(module)
+        recorder = self.recorder
+        begin, end, fail = recorder.begin, recorder.end, recorder.fail
+        replays = self._replays
+        self._forwards[id(module)] = forward
+
+        def run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if no_grad:
+                with torch.no_grad():
+                    return forward(*args, **kwargs)
+            return forward(*args, **kwargs)
+
+        def recording_forward(*args: Any, **kwargs: Any) -> Any:
+            if self._tracing:  # a trace reached this forward directly (``child.forward(x)``): let fx trace through
+                return forward(*args, **kwargs)
+            caller = replays[-1] if replays else None
+            if caller is not None:
+                caller.child_call(module, args, kwargs)
+            frame = begin(path, type_name, leaf, args, kwargs, root=root)
+            if frame is None:
+                return run(args, kwargs)
+            if caller is not None:
+                caller.child_begun(frame)
+            replay, key = self._start_replay(module, path, args, kwargs, frame)
+            replays.append(replay)
+            try:
+                output = run(args, kwargs)
+            except BaseException as exc:
+                replays.pop()
+                if replay is not None:
+                    replay.abandon()
+                fail(frame, exc)
+                raise
+            replays.pop()
+            if replay is not None:
+                self._settle(replay, module, key, path, output)
+            if caller is not None:
+                caller.child_returned(output)
+            end(frame, output)
+            return output
+
+        return functools.wraps(forward)(recording_forward)
+
+    def plan_for(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Plan | str:
+        """The plan of ``module`` for a call with these arguments (traced on first sight), or why there is none."""
+        return self._plan(module, signature(module, args, kwargs))
+
+    def _plan(self, module: nn.Module, call: Signature) -> Plan | str:
+        plans = self._plans.setdefault(id(module), {})
+        plan = plans.get(call.key)
+        if plan is None:
+            forward = self._forwards.get(id(module))
+            if forward is None:
+                return "NameError: the module is not part of the traced model"
+            self._tracing += 1
+            try:
+                plan = trace_module(module, forward, call, self._context)
+            finally:
+                self._tracing -= 1
+            if len(plans) >= PLANS_PER_MODULE:  # shapes that change every call (generate without a cache)
+                del plans[next(iter(plans))]
+            plans[call.key] = plan
+        return plan
+
+    def _start_replay(
+        self, module: nn.Module, path: str, args: tuple[Any, ...], kwargs: dict[str, Any], frame: Frame
+    ) -> tuple[Replay | None, Hashable]:
+        """The replay that verifies this call, and the signature it is cached under; no replay (and the reason in
+        the fallbacks) when the module has no plan for it."""
+        try:
+            call = signature(module, args, kwargs)
+            plan = self._plan(module, call)
+        except Exception as exc:  # an argument graphtrace cannot key a cache on: this call stays eager
+            self.fallbacks.setdefault(path, describe_error(exc))
+            return None, None
+        if isinstance(plan, str):
+            self.fallbacks.setdefault(path, plan)
+            return None, call.key
+        inputs = [leaf for leaf, kind in zip(call.leaves, call.kinds) if kind != CONSTANT]
+        ops_path = self._ops_path(path) if self.ops else None
+        return Replay(module, plan, inputs, self.recorder, frame, ops_path), call.key
+
+    def _ops_path(self, path: str) -> str:
+        """The prefix of the paths of ``path``'s op records, ``{path}#``; a longer run of ``#`` in the (unlikely)
+        case that a module's own name would make an op path equal to a module path."""
+        prefix = self._op_prefixes.get(path)
+        if prefix is None:
+            prefix = f"{path}#"
+            while any(other.startswith(prefix) for other in self.module_paths):
+                prefix += "#"
+            self._op_prefixes[path] = prefix
+        return prefix
+
+    def _settle(self, replay: Replay, module: nn.Module, key: Hashable, path: str, output: Any) -> None:
+        if replay.finish(output):
+            replay.frame.strategy = "fx"
+            return
+        assert replay.failure is not None
+        # A graph that deviated once is not trusted again for this module and signature.
+        self._plans[id(module)][key] = replay.failure
+        self.fallbacks.setdefault(path, replay.failure)
+
+
+def attach_fx(
+    model: nn.Module, recorder: Recorder, ledger: PatchLedger, *, ops: bool, root_no_grad: bool
+) -> dict[str, str]:
+    """Install the fx engine's forwards on ``model`` and every submodule; returns the fallbacks, filled as the
+    model runs."""
+    paths = list(module_paths(model))
+    engine = FxEngine(recorder, ops, frozenset(path for path, _ in paths))
+    for path, module in paths:
+        is_root = module is model
+        wrapper = engine.wrap(
+            module, path, module.forward, root=is_root, no_grad=root_no_grad if is_root else True
+        )
+        ledger.set_instance_attr(module, "forward", wrapper)
+    return engine.fallbacks

@@ -1,0 +1,325 @@
+"""Replaying a module's graph beside its real call, to verify the graph and to learn what only the graph knows.
+
+The real call runs the module's own forward (so its output, its children's calls and every recorded value are
+exactly those of eager capture). Its graph is replayed in lockstep by :class:`Replay`, a small
+:class:`torch.fx.Interpreter` subclass run as a generator: it computes the module's own operations up to the next
+``call_module`` node and stops there; when the real forward calls that child, the replay checks that it is the
+child the graph expected, with arguments equal bit for bit to those the graph computed, continues with the child's
+real output (the child runs once, for real), and at the end checks the forward's output the same way. A replay
+that deviates anywhere, raises, or is refused by the :class:`~graphtrace.engine.fx.guard.ReplayGuard` fails, and
+the call counts as eager capture, with the reason.
+
+A verified replay contributes the data flow of the module's body (which child calls and, with ``ops``, which
+functional ops feed each child call, through any reshapes and arithmetic in between), and with ``ops`` the records
+of its own ``call_function``/``call_method`` nodes, made as they run, with the values they see. Records of a replay
+that fails later are withdrawn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Generator, Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from graphtrace.engine.fx.guard import Refused, ReplayGuard, difference, tensors_in
+from graphtrace.engine.fx.structure import flatten, unflatten
+from graphtrace.engine.fx.tracer import (
+    META,
+    METADATA_FUNCTIONS,
+    METADATA_METHODS,
+    STRUCTURAL_OPS,
+    UNKNOWN,
+    Opaque,
+    Plan,
+    describe_error,
+    impurity,
+)
+from graphtrace.engine.recorder import Frame, Recorder
+
+__all__ = ["Replay"]
+
+_NOT_RECORDED_METHODS = METADATA_METHODS | {"storage_offset", "data_ptr", "item", "tolist", "type"}
+_TENSOR_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "real", "imag", "data"})
+
+
+def _op_name(node: fx.Node) -> str:
+    if node.op == "call_method":
+        return str(node.target)
+    return getattr(node.target, "__name__", str(node.target))
+
+
+def _unique(ids: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(ids))
+
+
+class Mismatch(Exception):
+    """The replay and the real call went different ways."""
+
+
+class _Call:
+    """The replay stopped at a ``call_module`` node: the child it expects and the arguments it computed."""
+
+    __slots__ = ("node", "module", "args", "kwargs")
+
+    def __init__(self, node: fx.Node, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.node, self.module, self.args, self.kwargs = node, module, args, kwargs
+
+
+class _Return:
+    """The replay reached the output node: the forward's output as the graph computes it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class Replay(fx.Interpreter):
+    """One call of a module, replayed from its :class:`Plan` in lockstep with the real call (see module docs).
+
+    ``ops_path`` is the prefix of the op records' paths (``{module path}#``, recorded as ``{prefix}{node name}``)
+    when the module's own operations are to be recorded, else None. The driver calls :meth:`child_call`,
+    :meth:`child_begun` and :meth:`child_returned` around each child call of the real forward, then :meth:`finish`
+    with its output; :attr:`failure` says why verification failed.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        plan: Plan,
+        inputs: list[Any],
+        recorder: Recorder,
+        frame: Frame,
+        ops_path: str | None,
+    ) -> None:
+        super().__init__(module, garbage_collect_values=False, graph=plan.graph)
+        self.name = "graphtrace.Replay"
+        self.plan = plan
+        self.recorder = recorder
+        self.frame = frame
+        # a leaf module whose whole body is one op (Linear, LayerNorm, ...) is that op: no record of it twice
+        self.ops_path = ops_path if ops_path is not None and (plan.own_ops > 1 or not frame.leaf) else None
+        self.failure: str | None = None
+        self.guard = ReplayGuard()
+        self._sources: dict[fx.Node, tuple[str, ...]] = {}
+        self._child_flows: list[tuple[int, tuple[str, ...]]] = []
+        self._expected: _Call | None = None
+        self._pending: Any = None
+        self._recorded_ops = False
+        self._steps = self._run(inputs)
+
+    # -- the driver's side ------------------------------------------------------------------------------------------
+
+    def child_call(self, module: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        """The real forward is about to call ``module``: replay up to the matching node and compare."""
+        if self.failure is None:
+            self._safely(self._child_call, module, args, kwargs)
+
+    def child_begun(self, frame: Frame) -> None:
+        """The child's call was recorded as ``frame``: its graph inputs become its data flow."""
+        if self.failure is None and self._expected is not None:
+            node = self._expected.node
+            flow = _unique(source for used in node.all_input_nodes for source in self._sources.get(used, ()))
+            self._child_flows.append((len(self.frame.children), flow))
+            self._sources[node] = (frame.id,)
+
+    def child_returned(self, output: Any) -> None:
+        if self.failure is None:
+            self._pending = output
+
+    def finish(self, output: Any) -> bool:
+        """The real forward returned ``output``: replay to the end and compare. True when verified."""
+        return self.failure is None and bool(self._safely(self._finish, output))
+
+    def abandon(self) -> None:
+        """The real call raised: nothing is verified, records of its operations are withdrawn."""
+        if self.failure is None:
+            self._fail("the call raised")
+
+    def _safely(self, method: Any, *args: Any) -> Any:
+        try:
+            return method(*args)
+        except Exception as exc:  # graphtrace's own trouble with this replay must never reach the user's forward
+            self._fail(describe_error(exc))
+            return None
+
+    def _child_call(self, module: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        step = self._advance()
+        if step is None:
+            return
+        if not isinstance(step, _Call):
+            self._fail(f"Mismatch: the forward calls {type(module).__name__} after the graph's last child call")
+            return
+        if step.module is not module:
+            self._fail(
+                f"Mismatch: the forward calls {type(module).__name__} where the graph calls {step.node.target}"
+            )
+            return
+        found = difference((step.args, step.kwargs), (tuple(args), dict(kwargs)))
+        if found is not None:
+            self._fail(f"Mismatch: the input of {step.node.target}: {found}")
+            return
+        # From here on the replay works on the very objects the child receives, so that what the child does to
+        # them (an in-place activation) is seen by both.
+        self._substitute(step.node.args, args)
+        self._substitute(step.node.kwargs, kwargs)
+        self.guard.protect((args, dict(kwargs)))
+        self._expected = step
+
+    def _finish(self, output: Any) -> bool:
+        step = self._advance()
+        if step is None:
+            return False
+        if not isinstance(step, _Return):
+            self._fail(f"Mismatch: the graph calls {step.node.target}, the forward does not")
+            return False
+        found = difference(unflatten(list(step.value), self.plan.output), output)
+        if found is not None:
+            self._fail(f"Mismatch: the output: {found}")
+            return False
+        self._steps.close()
+        children = self.frame.children
+        for position, flow in self._child_flows:
+            child = children[position]
+            extra = tuple(source for source in flow if source not in child.inputs_from)
+            if extra:
+                children[position] = dataclasses.replace(child, inputs_from=child.inputs_from + extra)
+        return True
+
+    def _fail(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+        self._steps.close()
+        self.env.clear()
+        if self._recorded_ops:
+            self.recorder.discard_ops(self.frame)
+
+    def _advance(self) -> _Call | _Return | None:
+        pending, self._pending = self._pending, None
+        try:
+            with torch.no_grad():
+                return self._steps.send(pending)
+        except Exception as exc:  # anything the replay raises only means this graph cannot be trusted
+            self._fail(describe_error(exc))
+            return None
+
+    def _substitute(self, pattern: Any, actual: Any) -> None:
+        if isinstance(pattern, fx.Node):
+            if pattern in self.env:
+                self.env[pattern] = actual
+        elif isinstance(pattern, (list, tuple)) and isinstance(actual, (list, tuple)):
+            for p, a in zip(pattern, actual):
+                self._substitute(p, a)
+        elif isinstance(pattern, dict) and isinstance(actual, dict):
+            for key, p in pattern.items():
+                if key in actual:
+                    self._substitute(p, actual[key])
+
+    # -- the replay -------------------------------------------------------------------------------------------------
+
+    def _run(self, inputs: list[Any]) -> Generator[_Call | _Return, Any, None]:
+        values = iter(inputs)
+        env, sources, guard = self.env, self._sources, self.guard
+        external: set[fx.Node] = set()
+        for node in self.graph.nodes:
+            op = node.op
+            if op == "placeholder":
+                value = next(values)
+                sources[node] = _unique(
+                    p for t in tensors_in(value) if (p := self.recorder.producer_of(t)) is not None
+                )
+            elif op == "get_attr":
+                constant = self.plan.constants.get(node.target)
+                value = constant if constant is not None else self.fetch_attr(node.target)
+                sources[node] = ()
+            elif op == "call_module":
+                args, kwargs = self.fetch_args_kwargs_from_env(node)
+                value = yield _Call(node, self.fetch_attr(node.target), args, kwargs)
+                found = _nonconforming(node.meta.get(META, UNKNOWN), value)
+                if found is not None:
+                    raise Mismatch(f"{node.target} returned {found} than the graph was traced with")
+            elif op == "output":
+                yield _Return(self.map_nodes_to_values(node.args[0], node))
+                return
+            else:
+                value = self._run_op(node)
+            if (op != "call_function" and op != "call_method") or _reads_from(node, external):
+                external.add(node)  # a value the real call can see, not one the replay made
+                guard.protect(value)
+            env[node] = value
+            for used in self.plan.last_uses.get(node, ()):
+                env.pop(used, None)
+                sources.pop(used, None)
+
+    def _run_op(self, node: fx.Node) -> Any:
+        args, kwargs = self.fetch_args_kwargs_from_env(node)
+        reason = impurity(node.op, node.target, args[0] if args else None)
+        if reason is not None:
+            raise Refused(reason)
+        if self.ops_path is None or not _computes_tensor(node, args):
+            with self.guard:
+                value = getattr(self, node.op)(node.target, args, kwargs)
+            self._sources[node] = _unique(s for used in node.all_input_nodes for s in self._sources.get(used, ()))
+            return value
+        recorder = self.recorder
+        frame = recorder.begin(f"{self.ops_path}{node.name}", _op_name(node), True, args, kwargs,
+                               strategy="fx", kind="op")
+        assert frame is not None
+        self._recorded_ops = True
+        frame.inputs_from = list(_unique(s for used in node.all_input_nodes for s in self._sources.get(used, ())))
+        try:
+            with self.guard:
+                value = getattr(self, node.op)(node.target, args, kwargs)
+        except BaseException as exc:
+            recorder.fail(frame, exc)
+            raise
+        recorder.end(frame, value)
+        self._sources[node] = (frame.id,)
+        return value
+
+
+def _reads_from(node: fx.Node, external: set[fx.Node]) -> bool:
+    """An attribute or item read out of a value the real call can see (``past_key_values.layers[0].keys``, a child's
+    output tuple): what it returns is not the replay's own either."""
+    return node.target in STRUCTURAL_OPS and bool(node.args) and isinstance(node.args[0], fx.Node) and (
+        node.args[0] in external
+    )
+
+
+def _computes_tensor(node: fx.Node, args: tuple[Any, ...]) -> bool:
+    """Whether an op is worth a record: it computes a tensor, not a size, a flag or a piece of a tuple."""
+    target = node.target
+    if target in STRUCTURAL_OPS:
+        if not isinstance(args[0], torch.Tensor):
+            return False
+        return target is operator.getitem or args[1] in _TENSOR_ATTRIBUTES
+    if node.op == "call_method":
+        return target not in _NOT_RECORDED_METHODS
+    return target not in METADATA_FUNCTIONS
+
+
+def _nonconforming(expected: Any, actual: Any) -> str | None:
+    """How a child's real output differs from the trace-time value the graph was built on (its structure, its
+    constants, its tensors' shapes and dtypes), or None."""
+    if expected is UNKNOWN:
+        return None
+    expected_leaves, expected_structure = flatten(expected)
+    actual_leaves, actual_structure = flatten(actual)
+    if expected_structure != actual_structure:
+        return "another structure"
+    for want, got in zip(expected_leaves, actual_leaves):
+        if isinstance(want, torch.Tensor):
+            if not isinstance(got, torch.Tensor) or (want.shape, want.dtype, want.device) != (
+                got.shape, got.dtype, got.device
+            ):
+                return "another tensor"
+        elif isinstance(want, Opaque):
+            if type(got) is not type(want.value):
+                return "another object"
+        elif difference(want, got) is not None:
+            return f"{got!r} rather than {want!r}"
+    return None

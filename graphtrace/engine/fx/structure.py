@@ -1,0 +1,108 @@
+"""Containers taken apart and put back: the arguments of a call, the outputs of a graph.
+
+graphtrace's own flattening rather than ``torch.utils._pytree``: that registry is global and other libraries add to
+it (transformers registers its ``ModelOutput`` classes there), and capture must neither depend on nor change it.
+Tuples, lists, named tuples, plain and ordered dicts and dataclasses (``ModelOutput`` is both a dict and a
+dataclass) are containers; everything else is a leaf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from collections.abc import Hashable
+from typing import Any
+
+from torch.fx.immutable_collections import immutable_dict, immutable_list
+
+__all__ = ["Structure", "flatten", "leaf_paths", "unflatten"]
+
+LEAF = "*"
+_PLAIN = {immutable_list: list, immutable_dict: dict}  # fx's read-only containers stand for list and dict
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Structure:
+    """The shape of a nested value with its leaves taken out; hashable, so it can key a cache."""
+
+    kind: type | str
+    keys: tuple[Hashable, ...] = ()
+    children: tuple[Structure, ...] = ()
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.kind == LEAF
+
+
+_LEAF = Structure(LEAF)
+
+
+def _is_dataclass_instance(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def _init_fields(value: Any) -> tuple[str, ...] | None:
+    """The field names a dataclass is rebuilt from, or None when it cannot be rebuilt from its fields alone."""
+    fields = dataclasses.fields(value)
+    if any(not f.init for f in fields):
+        return None
+    return tuple(f.name for f in fields)
+
+
+def flatten(value: Any, leaves: list[Any] | None = None) -> tuple[list[Any], Structure]:
+    """``(leaves, structure)`` of ``value``; :func:`unflatten` puts the leaves back."""
+    if leaves is None:
+        leaves = []
+    kind = _PLAIN.get(type(value), type(value))
+    if kind is tuple or kind is list:
+        children = tuple(flatten(item, leaves)[1] for item in value)
+        return leaves, Structure(kind, (), children)
+    if isinstance(value, tuple) and hasattr(kind, "_fields"):  # a named tuple
+        children = tuple(flatten(item, leaves)[1] for item in value)
+        return leaves, Structure(kind, (), children)
+    if isinstance(value, dict) and (kind is dict or kind is OrderedDict or _is_dataclass_instance(value)):
+        keys = tuple(value.keys())
+        children = tuple(flatten(value[key], leaves)[1] for key in keys)
+        return leaves, Structure(kind, keys, children)
+    if _is_dataclass_instance(value) and not isinstance(value, dict):
+        names = _init_fields(value)
+        if names is not None:
+            children = tuple(flatten(getattr(value, name), leaves)[1] for name in names)
+            return leaves, Structure(kind, names, children)
+    leaves.append(value)
+    return leaves, _LEAF
+
+
+def unflatten(leaves: list[Any], structure: Structure) -> Any:
+    """The value :func:`flatten` took apart, rebuilt around ``leaves`` (consumed from the front)."""
+    iterator = iter(leaves)
+    return _build(iterator, structure)
+
+
+def _build(leaves: Any, structure: Structure) -> Any:
+    if structure.is_leaf:
+        return next(leaves)
+    items = [_build(leaves, child) for child in structure.children]
+    kind = structure.kind
+    assert isinstance(kind, type)
+    if kind is tuple or kind is list:
+        return kind(items)
+    if issubclass(kind, tuple):  # a named tuple
+        return kind(*items)
+    if dataclasses.is_dataclass(kind):  # ModelOutput and other dataclasses: rebuilt from their (set) fields
+        return kind(**dict(zip(structure.keys, items)))
+    return kind(zip(structure.keys, items))
+
+
+def leaf_paths(structure: Structure, prefix: tuple[tuple[str, Hashable], ...] = ()) -> list[tuple[tuple[str, Hashable], ...]]:
+    """How to reach each leaf from the top, in leaf order: steps ``("item", index_or_key)`` (subscript) or
+    ``("attr", name)`` (attribute of a dataclass that is not a dict)."""
+    if structure.is_leaf:
+        return [prefix]
+    kind = structure.kind
+    paths: list[tuple[tuple[str, Hashable], ...]] = []
+    by_attribute = dataclasses.is_dataclass(kind) and not (isinstance(kind, type) and issubclass(kind, dict))
+    for i, child in enumerate(structure.children):
+        step = ("attr", structure.keys[i]) if by_attribute else ("item", structure.keys[i] if structure.keys else i)
+        paths.extend(leaf_paths(child, (*prefix, step)))
+    return paths

@@ -1,0 +1,49 @@
+"""The call graph of a trace: calls as boxes, nesting as clusters, data flow as edges, drawn with Graphviz.
+
+``call_graph(trace)`` builds the networkx DiGraph that is drawn, ``to_dot(graph)`` its DOT source, and
+``write_call_graph(trace, "graph.svg")`` both, plus the picture through Graphviz's ``dot``. Works on saved traces,
+without torch and without the model.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from graphtrace.model import Trace
+from graphtrace.render.dot import FORMATS, INSTALL_HINT, to_dot, write_graph
+from graphtrace.render.flow import Flow, data_flow
+from graphtrace.render.graph import DEFAULT_MAX_BOXES, boxes, call_graph
+
+__all__ = [
+    "DEFAULT_MAX_BOXES",
+    "FORMATS",
+    "GRAPH_SUFFIX",
+    "INSTALL_HINT",
+    "Flow",
+    "boxes",
+    "call_graph",
+    "data_flow",
+    "to_dot",
+    "write_call_graph",
+    "write_graph",
+]
+
+GRAPH_SUFFIX = "_call_graph"
+"""A trace directory's call graph is ``{Class}_call_graph.svg``, with its source ``{Class}_call_graph.dot``."""
+
+
+def write_call_graph(
+    trace: Trace,
+    path: str | os.PathLike[str],
+    *,
+    step: int = -1,
+    depth: int | None = None,
+    focus: str | None = None,
+    unfold: bool = False,
+    max_boxes: int | None = DEFAULT_MAX_BOXES,
+) -> list[Path]:
+    """Draw ``trace``'s call graph into ``path`` (``.svg``, ``.png``, ``.pdf``; the ``.dot`` source is written beside
+    it). Options as :func:`call_graph`. Returns the files written."""
+    graph = call_graph(trace, step=step, depth=depth, focus=focus, unfold=unfold, max_boxes=max_boxes)
+    return write_graph(graph, path)

@@ -1,0 +1,171 @@
+"""DiGraph -> Graphviz: DOT source with pydot (pure, so it can be golden-tested), and files through Graphviz's ``dot``.
+
+Clusters are the calls whose children are drawn; boxes are the rest. An edge into or out of a cluster is anchored on
+the cluster's first or last box and clipped at the cluster's border (``lhead``/``ltail``), and is left out where a
+more specific edge already shows the same flow (``embed -> layers.0`` when ``embed -> layers.0.input_norm`` is
+drawn). How boxes and clusters look is :mod:`graphtrace.render.style`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Hashable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+import pydot
+
+from graphtrace.errors import GraphvizFailedError, GraphvizNotFoundError, InvalidOptionError, OutputPathError
+from graphtrace.render.style import (
+    BOX_DEFAULTS,
+    EDGE_DEFAULTS,
+    GRAPH_STYLE,
+    INFERRED_EDGE,
+    box_style,
+    caption,
+    cluster_style,
+)
+
+__all__ = ["FORMATS", "INSTALL_HINT", "render_dot_file", "to_dot", "write_graph"]
+
+FORMATS = {".svg": "svg", ".png": "png", ".pdf": "pdf", ".dot": None}
+"""Output suffixes and the Graphviz format each is rendered in (``.dot``: the source only)."""
+
+INSTALL_HINT = (
+    "install Graphviz (Debian/Ubuntu: `sudo apt-get install -y graphviz`; macOS: `brew install graphviz`; "
+    "conda: `conda install graphviz`)"
+)
+
+
+def to_dot(graph: nx.DiGraph) -> str:
+    """The DOT source of a graph made by :func:`graphtrace.render.call_graph`."""
+    dot = pydot.Dot("call_graph", graph_type="digraph", compound="true", **GRAPH_STYLE, label=caption(graph.graph))
+    dot.set_node_defaults(**BOX_DEFAULTS)
+    dot.set_edge_defaults(**EDGE_DEFAULTS)
+    members: dict[Hashable, list[Hashable]] = {}
+    for node, parent in graph.nodes(data="parent"):
+        members.setdefault(parent, []).append(node)
+    _add_members(dot, graph, members, None, 0)
+    first, last = _anchors(graph)
+    for tail, head, data in _drawn_edges(graph):
+        attributes: dict[str, str] = {}
+        if data["inferred"]:
+            attributes.update(INFERRED_EDGE)
+        if graph.nodes[tail]["cluster"]:
+            attributes["ltail"] = f"cluster_{tail}"
+        if graph.nodes[head]["cluster"]:
+            attributes["lhead"] = f"cluster_{head}"
+        dot.add_edge(pydot.Edge(str(last.get(tail, tail)), str(first.get(head, head)), **attributes))
+    return dot.to_string()
+
+
+def _add_members(
+    container: pydot.Dot | pydot.Cluster,
+    graph: nx.DiGraph,
+    members: Mapping[Hashable, list[Hashable]],
+    parent: Hashable,
+    level: int,
+) -> None:
+    """Declare the nodes and clusters inside ``parent``, in reverse call order: dot lays out a cluster's members
+    right to left in the order they are declared (Graphviz 2.43), so that calls read left to right."""
+    for node in reversed(members.get(parent, [])):
+        data = graph.nodes[node]
+        if data["cluster"]:
+            cluster = pydot.Cluster(str(node), **cluster_style(data, level))
+            container.add_subgraph(cluster)
+            _add_members(cluster, graph, members, node, level + 1)
+        else:
+            container.add_node(pydot.Node(str(node), **box_style(data)))
+
+
+def write_graph(graph: nx.DiGraph, path: str | os.PathLike[str]) -> list[Path]:
+    """Write ``graph`` to ``path`` (``.svg``, ``.png``, ``.pdf`` or ``.dot``); the DOT source is always written too,
+    beside it, first. Returns the files written. Raises :class:`GraphvizNotFoundError` when ``dot`` is missing (the
+    DOT source is there by then)."""
+    target = Path(path)
+    output_format = _output_format(target)
+    source = target.with_suffix(".dot")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source.write_text(to_dot(graph), encoding="utf-8")
+    except OSError as exc:
+        raise OutputPathError(
+            f"cannot write the call graph to {str(source)!r}: {exc.strerror or exc}. Choose a path you can write to."
+        ) from exc
+    if output_format is None:
+        return [source]
+    render_dot_file(source, target, output_format)
+    return [source, target]
+
+
+def render_dot_file(source: Path, target: Path, output_format: str) -> None:
+    """Run Graphviz's ``dot`` on the DOT file ``source``, writing ``target`` in ``output_format``."""
+    program = shutil.which("dot")
+    if program is None:
+        raise GraphvizNotFoundError(
+            f"Graphviz's `dot` program is not on PATH, so {target.name} could not be drawn; its DOT source is in "
+            f"{source}. To get the picture, {INSTALL_HINT}, then run `graphtrace render` on the trace again."
+        )
+    sharper = ["-Gdpi=144"] if output_format == "png" else []  # 1.5 times the default: legible on dense screens
+    result = subprocess.run(
+        [program, f"-T{output_format}", *sharper, str(source), "-o", str(target)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        message = result.stderr.strip().splitlines()
+        raise GraphvizFailedError(
+            f"Graphviz's dot could not draw {source} (exit code {result.returncode}: "
+            f"{message[-1] if message else 'no message'}); the DOT source is kept for inspection."
+        )
+
+
+def _output_format(target: Path) -> str | None:
+    suffix = target.suffix.lower()
+    if suffix not in FORMATS:
+        raise InvalidOptionError(
+            f"cannot tell the picture format from {target.name!r}: end the file name with "
+            f"{', '.join(FORMATS)}."
+        )
+    return FORMATS[suffix]
+
+
+# -- what is drawn ----------------------------------------------------------------------------------------------------
+
+
+def _parents(graph: nx.DiGraph, node: Hashable) -> Iterator[Hashable]:
+    """``node`` and the clusters around it, innermost first."""
+    while node is not None:
+        yield node
+        node = graph.nodes[node]["parent"]
+
+
+def _anchors(graph: nx.DiGraph) -> tuple[dict[Hashable, Hashable], dict[Hashable, Hashable]]:
+    """Each cluster's first and last box in call order: where edges into and out of it are attached."""
+    first: dict[Hashable, Hashable] = {}
+    last: dict[Hashable, Hashable] = {}
+    for node, cluster in graph.nodes(data="cluster"):
+        if cluster:
+            continue
+        for enclosing in _parents(graph, graph.nodes[node]["parent"]):
+            first.setdefault(enclosing, node)
+            last[enclosing] = node
+    return first, last
+
+
+def _drawn_edges(graph: nx.DiGraph) -> list[tuple[Hashable, Hashable, Mapping[str, Any]]]:
+    """The edges worth drawing: an edge is left out when an edge between the same clusters' contents (or one of the
+    two ends itself) already shows it; recorded flow is only ever replaced by recorded flow."""
+    covered: set[tuple[Hashable, Hashable, bool]] = set()
+    for tail, head, inferred in graph.edges(data="inferred"):
+        for outer_tail in _parents(graph, tail):
+            for outer_head in _parents(graph, head):
+                if (outer_tail, outer_head) != (tail, head):
+                    covered.add((outer_tail, outer_head, True))
+                    if not inferred:
+                        covered.add((outer_tail, outer_head, False))
+    return [(t, h, data) for t, h, data in graph.edges(data=True) if (t, h, data["inferred"]) not in covered]

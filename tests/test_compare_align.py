@@ -1,0 +1,180 @@
+"""Aligning an original implementation with its port: GPT-2 from transformers against a re-implementation with other
+module names and the same weights, matched by rename rules and by structure; rename rules on their own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+import graphtrace
+from graphtrace.compare import Comparison, align
+from graphtrace.compare.rules import apply_rules, parse_rule, parse_rules
+from graphtrace.errors import InvalidOptionError
+from graphtrace.model import CallNode, Stats, TensorRecord
+from tests.gpt2_port import GPT2_ONLY, GPT2_RULES, port_of
+from tests.zoo import gpt2
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Traces of GPT-2 and of ports of it, captured once for this file.
+
+    The MLP's input weights are scaled so that activations reach the size of a trained model's, where GPT-2's tanh
+    approximation of GELU and the exact GELU differ by more than float32 tolerance."""
+    made: dict[tuple[str, str], Path] = {}
+
+    def get(which: str, values: str = "safetensors") -> Path:
+        if (which, values) not in made:
+            model, inputs = gpt2()
+            with torch.no_grad():
+                for block in model.transformer.h:
+                    block.mlp.c_fc.weight.mul_(10)
+            subject = {
+                "gpt2": model,
+                "port": port_of(model),
+                "buggy": port_of(model, approximate="none"),
+                "no-residual": port_of(model, mlp_residual=False),
+            }[which]
+            path = tmp_path_factory.mktemp(f"{which}-{values}")
+            graphtrace.capture(subject, inputs, path=path, values=values)
+            made[which, values] = path
+        return made[which, values]
+
+    return get
+
+
+def _pairs(result: Comparison) -> set[tuple[str, str]]:
+    return {(call.a.id, call.b.id) for call in result.calls}
+
+
+def test_rules_match_every_call_of_the_port(traces: Callable[..., Path]) -> None:
+    result = graphtrace.compare(traces("gpt2"), traces("port"), rules=GPT2_RULES, align="path")
+    assert result.equal and not result.unused_rules
+    assert result.matched_by() == {"path": 1, "rule": 34, "structure": 0}  # the two roots match by path
+    assert not result.only_in_b
+    assert all(item.call.path.endswith(GPT2_ONLY) for item in result.only_in_a)
+    assert ("GPT2LMHeadModel.transformer.h.1.attn.c_attn@0", "PortGPT.blocks.1.attention.qkv@0") in _pairs(result)
+    # Conv1D against nn.Linear: the same numbers up to float32 rounding, compared on full values
+    qkv = next(call for call in result.calls if call.b.path == "PortGPT.blocks.1.attention.qkv")
+    assert qkv.outputs[0].basis == "values" and qkv.outputs[0].cosine == pytest.approx(1, abs=1e-6)
+
+
+def test_structure_finds_the_pairs_the_rules_name(traces: Callable[..., Path]) -> None:
+    by_rules = graphtrace.compare(traces("gpt2"), traces("port"), rules=GPT2_RULES, align="path")
+    by_structure = graphtrace.compare(traces("gpt2"), traces("port"))  # auto: no rules, so structure
+    assert by_structure.matched_by() == {"path": 1, "rule": 0, "structure": 34}
+    assert _pairs(by_structure) == _pairs(by_rules) and by_structure.equal
+    # a module followed by a no-op (c_proj, then resid_dropout) pairs with the module
+    out = next(call for call in by_structure.calls if call.b.path == "PortGPT.blocks.0.attention.out")
+    assert out.a.path == "GPT2LMHeadModel.transformer.h.0.attn.c_proj"
+    # statistics alone (no values saved) give the same alignment
+    stats_only = graphtrace.compare(traces("gpt2", "none"), traces("port", "none"), align="structure")
+    assert _pairs(stats_only) == _pairs(by_rules) and stats_only.equal
+
+
+def test_rules_and_structure_together(traces: Callable[..., Path]) -> None:
+    result = graphtrace.compare(traces("gpt2"), traces("port"), rules=["transformer.h.{i}=blocks.{i}"])
+    assert result.matched_by() == {"path": 1, "rule": 3, "structure": 31}
+    assert _pairs(result) == _pairs(graphtrace.compare(traces("gpt2"), traces("port"), rules=GPT2_RULES))
+
+
+@pytest.mark.parametrize("align", ["path", "structure"])
+def test_a_porting_bug_is_named_in_both_names(traces: Callable[..., Path], align: str) -> None:
+    rules = GPT2_RULES if align == "path" else ()
+    result = graphtrace.compare(traces("gpt2"), traces("buggy"), rules=rules, align=align)  # type: ignore[arg-type]
+    first = result.first_divergence
+    assert first is not None and first.inputs_agree
+    assert (first.a.id, first.b.id) == ("GPT2LMHeadModel.transformer.h.0.mlp.act@0", "PortGPT.blocks.0.ffn.act@0")
+    assert first.a.type_name == "NewGELUActivation" and first.b.type_name == "GELU"
+    table = result.table()
+    assert "transformer.h.0.mlp.act ↔ blocks.0.ffn.act" in table and "◀ first divergence" in table
+
+
+def test_a_bug_in_a_container_s_own_code_names_the_container(traces: Callable[..., Path]) -> None:
+    result = graphtrace.compare(traces("gpt2"), traces("no-residual"))
+    first = result.first_divergence
+    assert first is not None and first.inputs_agree and first.how == "structure"
+    assert (first.a.id, first.b.id) == ("GPT2LMHeadModel.transformer.h.0@0", "PortGPT.blocks.0@0")
+    inside = [call for call in result.calls if call.a.path.startswith("GPT2LMHeadModel.transformer.h.0.")]
+    assert len(inside) == 9 and all(call.status == "equal" for call in inside)  # every module in it agrees
+    assert first.outputs[0].basis == "stats"  # a container's output: statistics in graphtrace's own trace
+
+
+def test_without_rules_or_structure_only_the_roots_match(traces: Callable[..., Path]) -> None:
+    result = graphtrace.compare(traces("gpt2"), traces("port"), align="path", rules=["nothing.here=at.all"])
+    assert [call.a.path for call in result.calls] == ["GPT2LMHeadModel"]
+    assert result.unused_rules == ("nothing.here=at.all",)
+    assert "rules that renamed no call of A: nothing.here=at.all" in result.table()
+    assert result.equal  # the logits agree; the rest is unmatched
+    assert not graphtrace.compare(traces("gpt2"), traces("port"), align="path", strict=True).equal
+
+
+# -- rename rules --------------------------------------------------------------------------------------------------
+
+
+def test_rules_rename_whole_components_in_order() -> None:
+    rules = parse_rules(["transformer.h.{i}=model.layers.{i}", "attn=self_attn", "c_{kind}={kind}_proj"])
+    used: set = set()
+    assert apply_rules(rules, "transformer.h.11.attn.c_attn", used) == "model.layers.11.self_attn.attn_proj"
+    assert apply_rules(rules, "transformer.h.0.attn_norm", used) == "model.layers.0.attn_norm"  # not a component
+    assert apply_rules(rules, "lm_head", used) == "lm_head"
+    assert {rule.text for rule in used} == {"transformer.h.{i}=model.layers.{i}", "attn=self_attn", "c_{kind}={kind}_proj"}
+    swap = parse_rule("blocks.{a}.{b}=stages.{b}.{a}")
+    assert swap.apply("blocks.1.2.mlp") == "stages.2.1.mlp"
+    assert parse_rule("h{i}=layers.{i}").apply("encoder.h12.norm") == "encoder.layers.12.norm"
+
+
+@pytest.mark.parametrize(
+    ("rule", "message"),
+    [
+        ("transformer.h", "has no '='"),
+        ("=model.layers", "the left side '' is not a dotted module name"),
+        ("a..b=c", "the left side 'a..b' is not a dotted module name"),
+        ("a=b c", "the right side 'b c' is not a dotted module name"),
+        ("h.{i}=layers.{j}", r"uses \{j\}, which its left side does not define"),
+        ("h.{i}.{i}=x", "uses a placeholder twice"),
+        ("h.{=x", "not a dotted module name"),
+    ],
+)
+def test_bad_rules_are_named_with_the_remedy(rule: str, message: str) -> None:
+    with pytest.raises(InvalidOptionError, match=message):
+        parse_rule(rule)
+    with pytest.raises(ValueError):  # an InvalidOptionError is a ValueError
+        graphtrace.compare("unused-a", "unused-b", rules=[rule])
+
+
+# -- large gaps: banded and windowed alignment -----------------------------------------------------------------------
+
+
+def _flat(root: str, prefix: str, leaves: int, extra_every: int = 0) -> CallNode:
+    """Linear layers in a row (with a dropout after every n-th one): the statistics differ from layer to layer."""
+
+    def tensor(seed: int) -> TensorRecord:
+        return TensorRecord(shape=(1, 8), dtype="torch.float32", stats=Stats(seed * 1e-3, 1.0, -2.0, 2.0))
+
+    children = []
+    for i in range(leaves):
+        children.append(CallNode(path=f"{root}.{prefix}{i}", type_name="Linear", args=(tensor(i),), outputs=tensor(i + 1)))
+        if extra_every and i % extra_every == 0:
+            children.append(CallNode(path=f"{root}.drop{i}", type_name="Dropout", args=(tensor(i + 1),),
+                                     outputs=tensor(i + 1)))
+    return CallNode(path=root, leaf=False, args=(tensor(0),), outputs=tensor(leaves), children=tuple(children))
+
+
+@pytest.mark.parametrize("regime", ["exact", "banded", "windowed"])
+def test_large_gaps_still_pair_every_call(monkeypatch: pytest.MonkeyPatch, regime: str) -> None:
+    if regime != "exact":
+        monkeypatch.setattr(align, "FULL_DP_CELLS", 100)
+        monkeypatch.setattr(align, "BAND_MARGIN", 8)  # a band of 30 + 8 on each side of the diagonal, of 90
+    if regime == "windowed":
+        monkeypatch.setattr(align, "DP_CELL_LIMIT", 100)
+        monkeypatch.setattr(align, "_WINDOW", 16)
+    original, port = _flat("Original", "linear", 90, extra_every=3), _flat("Port", "fc", 90)
+    alignment = align.align_calls(original, port)
+    pairs = [(m.a.path.rsplit(".", 1)[-1], m.b.path.rsplit(".", 1)[-1]) for m in alignment.matches[1:]]
+    assert pairs == [(f"linear{i}", f"fc{i}") for i in range(90)]
+    assert all(node.type_name == "Dropout" for node in alignment.only_a) and len(alignment.only_a) == 30
+    assert {m.how for m in alignment.matches[1:]} == {"structure"}

@@ -1,0 +1,116 @@
+"""`graphtrace diff A B` as a user runs it: exit codes, the table, --json, --map, colour only for a terminal."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import graphtrace
+from graphtrace.cli.diff import use_color
+from tests.gpt2_port import GPT2_RULES, port_of
+from tests.test_cli import graphtrace as run_cli
+from tests.zoo import gpt2, llama
+
+ANSI = "\033["
+
+
+@pytest.fixture(scope="module")
+def llamas(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """original/ and changed/ (one weight of layer 1's input norm perturbed) with statistics only, so that the
+    command needs no torch and starts fast; original-values/ and changed-values/ with safetensors values."""
+    root = tmp_path_factory.mktemp("llamas")
+    model, inputs = llama()
+    graphtrace.capture(model, inputs, path=root / "original", values="none")
+    graphtrace.capture(model, inputs, path=root / "original-values", values="safetensors")
+    with torch.no_grad():
+        model.model.layers[1].input_layernorm.weight[0] += 1.0
+    graphtrace.capture(model, inputs, path=root / "changed", values="none")
+    graphtrace.capture(model, inputs, path=root / "changed-values", values="safetensors")
+    return root
+
+
+def test_equal_traces_exit_0(llamas: Path) -> None:
+    result = run_cli("diff", "original", "original", cwd=llamas)
+    assert result.returncode == 0, result.stderr
+    assert "EQUAL: all 45 matched calls agree within tolerance" in result.stdout
+    assert "✓  … 45 calls agree" in result.stdout and ANSI not in result.stdout
+
+
+def test_diverging_traces_exit_1_and_name_the_first_divergence(llamas: Path) -> None:
+    result = run_cli("diff", "original", "changed", cwd=llamas)
+    assert result.returncode == 1, result.stderr
+    out = result.stdout
+    assert "first divergence: model.layers.1.input_layernorm (LlamaRMSNorm): its inputs agree, its output does not" in out
+    row = next(line for line in out.splitlines() if line.endswith("◀ first divergence"))
+    assert row.startswith("✗  model.layers.1.input_layernorm") and " stats " in row
+    assert ANSI not in out  # piped: plain text
+    # folded: the agreeing calls before it are one line, and the long tail is summed up
+    assert "✓  … 15 calls agree" in out and "more calls" in out and "--all lists every call" in out
+    everything = run_cli("diff", "original", "changed", "--all", cwd=llamas)
+    assert everything.returncode == 1 and "calls agree" not in everything.stdout
+    assert sum(line.startswith(("✓", "✗", "!", "·")) for line in everything.stdout.splitlines()) == 45
+
+
+def test_json_report(llamas: Path) -> None:
+    args = ("original-values", "changed-values", "--json", "--atol", "1e-4", "--rtol", "0")
+    result = run_cli("diff", *args, cwd=llamas)
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert report["first_divergence"]["a"] == "LlamaForCausalLM.model.layers.1.input_layernorm@0"
+    assert report["tolerance"] == {"rtol": 0.0, "atol": 1e-4}
+    assert report["a"] == {"trace": "original-values", "model_class": "LlamaForCausalLM", "steps": 1, "calls": 45}
+    assert all(d["rtol"] == 0.0 and d["atol"] == 1e-4 for c in report["calls"] for d in c["outputs"])
+    first = next(c for c in report["calls"] if c["a"] == report["first_divergence"]["a"])
+    assert first["outputs"][0]["basis"] == "values" and first["outputs"][0]["outside"] == 7  # one feature, 7 tokens
+
+
+def test_port_with_rules_and_by_structure(tmp_path: Path) -> None:
+    model, inputs = gpt2()  # statistics only: the comparison needs no torch, the command starts fast
+    graphtrace.capture(model, inputs, path=tmp_path / "gpt2", values="none")
+    graphtrace.capture(port_of(model), inputs, path=tmp_path / "port", values="none")
+    maps = [arg for rule in GPT2_RULES for arg in ("--map", rule)]
+    by_rule = run_cli("diff", "gpt2", "port", *maps, "--align", "path", cwd=tmp_path)
+    assert by_rule.returncode == 0, by_rule.stdout + by_rule.stderr
+    assert "matched 35 calls (1 by path, 34 by rule); only in A: 8, only in B: 0" in by_rule.stdout
+    strict = run_cli("diff", "gpt2", "port", "--all", "--strict", cwd=tmp_path)
+    assert strict.returncode == 1 and "34 by structure" in strict.stdout
+    assert re.search(r"^✓  transformer\.h\.2\.mlp\.c_proj ↔ blocks\.2\.ffn\.down +structure +\[1, 7, 32\] +stats ",
+                     strict.stdout, re.M)
+    assert "only in A (8): transformer, transformer.drop, transformer.h.0.attn.resid_dropout" in strict.stdout
+    assert "DIVERGED: the calls match but some have no counterpart (strict)" in strict.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["original", "nowhere"], "error: no trace at 'nowhere'"),
+        (["original", "changed", "--map", "h.{i}=layers.{j}"], "uses {j}, which its left side does not define"),
+        (["original", "changed", "--atol", "-1"], "atol must be a finite number >= 0"),
+        (["original", "changed", "--step", "3"], "step 3 does not exist in trace A"),
+    ],
+)
+def test_bad_input_exits_2(llamas: Path, args: list[str], message: str) -> None:
+    result = run_cli("diff", *args, cwd=llamas)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_colour_only_for_a_terminal_without_no_color(monkeypatch: pytest.MonkeyPatch, llamas: Path) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert use_color(Terminal()) and not use_color(io.StringIO())
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not use_color(Terminal())
+    result = graphtrace.compare(llamas / "original", llamas / "changed")
+    coloured = result.table(color=True)
+    assert "\033[31m\033[1m✗  model.layers.1.input_layernorm" in coloured and "\033[0m" in coloured
+    plain = result.table()
+    assert ANSI not in plain and plain == str(result)
