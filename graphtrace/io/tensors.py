@@ -1,8 +1,11 @@
 """Full tensor values: repr lines for FULL_TENSORS.json, or safetensors files streamed to disk during the forward.
 
-Capture hands every tensor whose value is wanted to a *sink* (``graphtrace.engine.recorder.ValueSink``); the sink returns what the trace keeps: the repr lines,
-or the relative path of the file it wrote. Writing while the forward runs keeps the tensor in memory no longer than
-the call that produced it.
+Capture hands every tensor whose value is wanted to a *sink* (``graphtrace.engine.recorder.ValueSink``); the sink
+returns what the trace keeps: the repr lines, or the relative path of the file it wrote (``./name.safetensors``, or
+``./X_tensors.safetensors#key`` inside a bundle). Files are written by a background thread while the forward runs
+(:mod:`graphtrace.io.file_writer`), so a tensor stays in memory no longer than the writer's bounded queue needs it.
+Sinks can also take a snapshot now and store it later, for the layer blocks that pruning may drop
+(``graphtrace.engine.layer_pruning``).
 """
 
 from __future__ import annotations
