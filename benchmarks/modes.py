@@ -74,6 +74,23 @@ def _shim(use_repr: bool, prune: bool) -> Callable[[torch.nn.Module, dict[str, A
 
 _REPR, _TENSORS = "transformers repr", "transformers safetensors"
 
+def _capture_modes() -> list[Mode]:
+    modes = []
+    for values, reference, what in (
+        ("repr", _REPR, "repr lines"),
+        ("none", _REPR, "statistics only"),
+        ("safetensors", _TENSORS, "a safetensors file per tensor"),
+        ("bundle", _TENSORS, "all tensors in one file"),
+    ):
+        for strategy in ("auto", "eager"):
+            modes.append(Mode(f"capture {values} {strategy}", _capture(values, strategy), reference,
+                              f"graphtrace.capture(path=..., values={values!r}, strategy={strategy!r}): {what}"))
+    for strategy in ("auto", "eager"):
+        modes.append(Mode(f"capture repr {strategy} ops", _capture("repr", strategy, ops=True), _REPR,
+                          f"values='repr', strategy={strategy!r}, ops=True"))
+    return modes
+
+
 MODES: dict[str, Mode] = {
     mode.name: mode
     for mode in (
@@ -81,12 +98,7 @@ MODES: dict[str, Mode] = {
         Mode(_REPR, _transformers(True, False), None, "model_addition_debugger_context, use_repr=True, all layers"),
         Mode(_TENSORS, _transformers(False, False), None, "use_repr=False: one safetensors file per tensor"),
         Mode("transformers repr pruned", _transformers(True, True), None, "its defaults (do_prune_layers=True)"),
-        Mode("capture repr auto", _capture("repr"), _REPR, "graphtrace.capture(path=...), the defaults"),
-        Mode("capture repr eager", _capture("repr", "eager"), _REPR, "strategy='eager'"),
-        Mode("capture repr auto ops", _capture("repr", ops=True), _REPR, "ops=True"),
-        Mode("capture none", _capture("none"), _REPR, "values='none': statistics only"),
-        Mode("capture safetensors", _capture("safetensors"), _TENSORS, "values='safetensors': a file per tensor"),
-        Mode("capture bundle", _capture("bundle"), _TENSORS, "values='bundle': all tensors in one file"),
+        *_capture_modes(),
         Mode("shim repr", _shim(True, False), _REPR, "graphtrace's model_addition_debugger_context, all layers"),
         Mode("shim repr pruned", _shim(True, True), "transformers repr pruned", "its defaults"),
         Mode("shim safetensors", _shim(False, False), _TENSORS, "use_repr=False, all layers"),
@@ -94,6 +106,6 @@ MODES: dict[str, Mode] = {
 }
 
 QUICK_MODES = (
-    "plain", _REPR, _TENSORS, "capture repr auto", "capture none", "capture safetensors", "capture bundle",
-    "shim repr pruned", "transformers repr pruned",
+    "plain", _REPR, _TENSORS, "capture repr auto", "capture repr eager", "capture none eager",
+    "capture safetensors eager", "capture bundle eager", "shim repr pruned", "transformers repr pruned",
 )
