@@ -15,7 +15,7 @@ import datetime
 import os
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Literal, Union, get_args
 
@@ -179,11 +179,19 @@ class Session:
         finally:
             self.trace = self._build_trace()
             unwritten = self._close_sink()
+        saved = True
         if self.directory is not None and self.recording:
-            self._settle_step_folders()
-            self.trace.save(self.directory)
+            try:
+                self._settle_step_folders()
+                self.trace.save(self.directory)
+            except Exception as save_error:
+                if exc is None:
+                    raise
+                # The forward's own exception is what the user must see; the failed save rides along as a note.
+                exc.add_note(f"graphtrace: the partial trace could not be saved to {self.directory}: {save_error}")
+                saved = False
         if exc is not None and self.recording:
-            exc.add_note(self._failure_note())
+            exc.add_note(self._failure_note(saved))
             if unwritten is not None:
                 exc.add_note(f"graphtrace: {unwritten}")
         elif unwritten is not None:
@@ -227,10 +235,15 @@ class Session:
                 shutil.move(str(item), self.directory / item.name)
             step0.rmdir()
 
-    def _failure_note(self) -> str:
+    def _failure_note(self, saved: bool) -> str:
         assert self.trace is not None
         failed = self.trace.failed_call()
-        where = f"saved to {self.directory}" if self.directory is not None else "kept in the session's .trace"
+        if self.directory is not None and saved:
+            where = f"saved to {self.directory}"
+        elif self.flat:
+            where = "kept on this exception's .graphtrace_trace"
+        else:
+            where = "kept in the session's .trace"
         calls = sum(1 for _ in self.trace.walk())
         culprit = f"; the call that raised: {failed.id}" if failed is not None else ""
         return f"graphtrace: partial trace of {calls} calls {where}{culprit}"
@@ -312,11 +325,20 @@ def capture(
     writes into ``path``), a list of ranks or ``"all"`` (each writes into ``path/rank_{r}/``). The other ranks attach
     nothing and write nothing; their trace has no steps. A DTensor is recorded by its local shard, with its
     placements, mesh shape and global shape in graphtrace's own file.
+
+    When the forward raises, the exception propagates with a note; the partial trace (the call that raised marked)
+    is saved to ``path`` if given and is always on the exception as ``exc.graphtrace_trace``.
     """
     args, kwargs = normalize_inputs(inputs)
     session = _session(model, path, values, prune_layers, strategy, ops, ranks, flat=True)
-    with session, torch.no_grad():
-        model(*args, **kwargs)
+    try:
+        with session, torch.no_grad():
+            model(*args, **kwargs)
+    except Exception as exc:
+        # capture() has no session to hand back: the partial trace travels on the exception (see the note).
+        with suppress(AttributeError, TypeError):
+            exc.graphtrace_trace = session.trace  # type: ignore[attr-defined]
+        raise
     assert session.trace is not None
     return session.trace
 
