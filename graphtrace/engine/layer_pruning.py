@@ -71,7 +71,7 @@ class LayerBlockDeferral:
         snapshot = self._snapshots.get(key)  # type: ignore[call-overload]
         if snapshot is None:
             snapshot = self._snapshots[key] = self.sink.snapshot(tensor, name)  # type: ignore[index]
-        placeholder = replace(record)
+        placeholder = record.with_value(record.value, record.file)  # its own identity
         self._open.values.append((placeholder, snapshot, name))
         return placeholder
 
@@ -115,7 +115,7 @@ class LayerBlockDeferral:
             value = stored.get(id(snapshot))
             if value is None or self.sink.per_name:
                 value = stored[id(snapshot)] = self.sink.store_snapshot(snapshot, name)
-            kept[id(placeholder)] = replace(placeholder, value=value[0], file=value[1])
+            kept[id(placeholder)] = placeholder.with_value(*value)
         assert block.node is not None
         return _with_records(block.node, kept)
 

@@ -326,11 +326,11 @@ class Recorder:
         elif self._deferral is not None and self._deferral.deferring and seen.stored is None:
             record = self._deferral.defer(seen.record, tensor, seen, name)
         elif sink.per_name:
-            record = _with_value(seen.record, *sink.store(tensor, name))
+            record = seen.record.with_value(*sink.store(tensor, name))
         else:
             record = seen.stored
             if record is None:
-                record = seen.stored = _with_value(seen.record, *sink.store(tensor, name))
+                record = seen.stored = seen.record.with_value(*sink.store(tensor, name))
         if dtensor is not None:
             record = dataclasses.replace(record, dtensor=dtensor)
         return record
@@ -382,19 +382,4 @@ def _record(tensor: torch.Tensor, summary: TensorSummary | None = None) -> Tenso
         spec_stats=summary.spec_stats,
         nan_count=summary.nan_count,
         inf_count=summary.inf_count,
-    )
-
-
-def _with_value(record: TensorRecord, lines: tuple[str, ...] | None, file: str | None) -> TensorRecord:
-    return TensorRecord(
-        shape=record.shape,
-        dtype=record.dtype,
-        device=record.device,
-        stats=record.stats,
-        spec_stats=record.spec_stats,
-        nan_count=record.nan_count,
-        inf_count=record.inf_count,
-        value=lines,
-        file=file,
-        dtensor=record.dtensor,
     )
