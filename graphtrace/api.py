@@ -15,7 +15,7 @@ import datetime
 import os
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Literal, Union, get_args
 
@@ -25,15 +25,16 @@ from torch import nn
 from graphtrace.engine import PatchLedger, Recorder, attach
 from graphtrace.engine.distributed import current_rank, world_size
 from graphtrace.coverage import describe_fallbacks
-from graphtrace.errors import FxCaptureError, InvalidInputsError, InvalidModelError, InvalidOptionError
-from graphtrace.io.tensors import ReprSink, SafetensorsSink
+from graphtrace.errors import FxCaptureError, InvalidInputsError, InvalidModelError, InvalidOptionError, OutputPathError
+from graphtrace.io.tensors import BundleSink, ReprSink, SafetensorsSink
 from graphtrace.io.trace_files import prepare_directory, rank_directory
 from graphtrace.model import Trace, TraceMeta
 
 __all__ = ["Ranks", "Session", "Strategy", "Values", "capture", "check_model", "normalize_inputs", "tracing"]
 
-Values = Literal["repr", "safetensors", "none"]
-"""What the trace keeps of each tensor beyond its statistics: repr lines, safetensors files, or nothing."""
+Values = Literal["repr", "safetensors", "bundle", "none"]
+"""What the trace keeps of each tensor beyond its statistics: repr lines, a safetensors file per tensor, one
+safetensors file (a bundle) per forward call, or nothing."""
 
 Strategy = Literal["auto", "fx", "eager"]
 """How module calls are captured: torch.fx where trustworthy else forward wrapping, fx only, or wrapping only."""
@@ -137,21 +138,27 @@ class Session:
             self.directory = prepare_directory(rank_directory(path, self.rank) if rank_folders else path)
         self.trace: Trace | None = None
         self._sink = self._make_sink() if self.recording else None
-        self._recorder = Recorder(self._sink, on_step_start=self._on_step_start, detached_steps=True, step_caches=True)
+        self._recorder = Recorder(
+            self._sink, on_step_start=self._on_step_start, detached_steps=True, step_caches=True,
+            prune_layers=prune_layers,
+        )
         self._ledger = PatchLedger()
         self._fallbacks: dict[str, str] = {}
 
-    def _make_sink(self) -> ReprSink | SafetensorsSink | None:
+    def _make_sink(self) -> ReprSink | SafetensorsSink | BundleSink | None:
         if self.values == "repr":
             return ReprSink()
-        if self.values == "safetensors":
+        if self.values in ("safetensors", "bundle"):
             assert self.directory is not None
+            if self.values == "bundle":
+                return BundleSink(self.directory, type(self.model).__name__)
             return SafetensorsSink(self.directory)
         return None
 
     def _on_step_start(self, step: int) -> None:
-        if isinstance(self._sink, SafetensorsSink) and not self.flat:
+        if isinstance(self._sink, (SafetensorsSink, BundleSink)) and not self.flat:
             assert self.directory is not None
+            self._sink.finish()  # the previous step's files are complete
             self._sink.directory = self.directory / f"step_{step}"
             self._sink.directory.mkdir(exist_ok=True)
 
@@ -171,13 +178,36 @@ class Session:
             self._ledger.restore()
         finally:
             self.trace = self._build_trace()
+            unwritten = self._close_sink()
+        saved = True
         if self.directory is not None and self.recording:
-            self._settle_step_folders()
-            self.trace.save(self.directory)
+            try:
+                self._settle_step_folders()
+                self.trace.save(self.directory)
+            except Exception as save_error:
+                if exc is None:
+                    raise
+                # The forward's own exception is what the user must see; the failed save rides along as a note.
+                exc.add_note(f"graphtrace: the partial trace could not be saved to {self.directory}: {save_error}")
+                saved = False
         if exc is not None and self.recording:
-            exc.add_note(self._failure_note())
+            exc.add_note(self._failure_note(saved))
+            if unwritten is not None:
+                exc.add_note(f"graphtrace: {unwritten}")
+        elif unwritten is not None:
+            raise unwritten
         elif self.strategy == "fx" and self.trace.fallbacks:
             raise self._fx_error()
+
+    def _close_sink(self) -> OutputPathError | None:
+        """Wait for every streamed tensor and stop the writer's thread; a failed write is returned, to be raised once
+        the trace is saved."""
+        if isinstance(self._sink, (SafetensorsSink, BundleSink)):
+            try:
+                self._sink.close()
+            except OutputPathError as error:
+                return error
+        return None
 
     def _fx_error(self) -> FxCaptureError:
         """strategy="fx" with modules fx could not serve: raised once the forward has run (nothing was disturbed:
@@ -197,7 +227,7 @@ class Session:
     def _settle_step_folders(self) -> None:
         """A session that streamed values into step_0/ and ran one step moves them up into the directory."""
         assert self.trace is not None and self.directory is not None
-        if self.flat or not isinstance(self._sink, SafetensorsSink) or len(self.trace.steps) != 1:
+        if self.flat or not isinstance(self._sink, (SafetensorsSink, BundleSink)) or len(self.trace.steps) != 1:
             return
         step0 = self.directory / "step_0"
         if step0.is_dir():
@@ -205,10 +235,15 @@ class Session:
                 shutil.move(str(item), self.directory / item.name)
             step0.rmdir()
 
-    def _failure_note(self) -> str:
+    def _failure_note(self, saved: bool) -> str:
         assert self.trace is not None
         failed = self.trace.failed_call()
-        where = f"saved to {self.directory}" if self.directory is not None else "kept in the session's .trace"
+        if self.directory is not None and saved:
+            where = f"saved to {self.directory}"
+        elif self.flat:
+            where = "kept on this exception's .graphtrace_trace"
+        else:
+            where = "kept in the session's .trace"
         calls = sum(1 for _ in self.trace.walk())
         culprit = f"; the call that raised: {failed.id}" if failed is not None else ""
         return f"graphtrace: partial trace of {calls} calls {where}{culprit}"
@@ -290,11 +325,20 @@ def capture(
     writes into ``path``), a list of ranks or ``"all"`` (each writes into ``path/rank_{r}/``). The other ranks attach
     nothing and write nothing; their trace has no steps. A DTensor is recorded by its local shard, with its
     placements, mesh shape and global shape in graphtrace's own file.
+
+    When the forward raises, the exception propagates with a note; the partial trace (the call that raised marked)
+    is saved to ``path`` if given and is always on the exception as ``exc.graphtrace_trace``.
     """
     args, kwargs = normalize_inputs(inputs)
     session = _session(model, path, values, prune_layers, strategy, ops, ranks, flat=True)
-    with session, torch.no_grad():
-        model(*args, **kwargs)
+    try:
+        with session, torch.no_grad():
+            model(*args, **kwargs)
+    except Exception as exc:
+        # capture() has no session to hand back: the partial trace travels on the exception (see the note).
+        with suppress(AttributeError, TypeError):
+            exc.graphtrace_trace = session.trace  # type: ignore[attr-defined]
+        raise
     assert session.trace is not None
     return session.trace
 
@@ -315,9 +359,9 @@ def _session(
     _check_choice("strategy", strategy, get_args(Strategy))
     _check_bool("prune_layers", prune_layers)
     _check_bool("ops", ops)
-    if values == "safetensors" and path is None:
+    if values in ("safetensors", "bundle") and path is None:
         raise InvalidOptionError(
-            "values='safetensors' streams every tensor to disk while the forward runs, so it needs path=... "
+            f"values={values!r} streams every tensor to disk while the forward runs, so it needs path=... "
             "(a directory); or use values='repr'."
         )
     if path is not None and not isinstance(path, (str, os.PathLike)):

@@ -64,19 +64,26 @@ def model_addition_debugger_context(
     sink = ReprSink() if use_repr else SafetensorsSink(directory)
 
     def write_step(step: CallNode) -> None:
+        if isinstance(sink, SafetensorsSink):
+            sink.finish()  # the step's files are on disk when its forward returns, as transformers'
         tree = prune_layer_blocks(step) if do_prune_layers else step
         write_spec_files(tree, directory, model_class)
         if do_prune_layers:
             for file in referenced_files(step) - referenced_files(tree):
                 (directory / file).unlink(missing_ok=True)
 
-    recorder = Recorder(sink, on_step=write_step, keep_steps=False)  # each call's files replace the last's
+    # each call's files replace the last's
+    recorder = Recorder(sink, on_step=write_step, keep_steps=False, prune_layers=do_prune_layers)
     ledger = PatchLedger()
     try:
         attach_eager(model, recorder, ledger, root_no_grad=False)
         yield model
     finally:
-        ledger.restore()
+        try:
+            ledger.restore()
+        finally:
+            if isinstance(sink, SafetensorsSink):
+                sink.close()
 
 
 def _debug_directory(debug_path: Any) -> Path:

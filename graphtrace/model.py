@@ -100,7 +100,23 @@ class TensorRecord:
         """The same record without its full value."""
         if self.value is None and self.file is None:
             return self
-        return dataclasses.replace(self, value=None, file=None)
+        return self.with_value(None, None)
+
+    def with_value(self, value: tuple[str, ...] | None, file: str | None) -> TensorRecord:
+        """A new record (a distinct object) with this metadata and the given full value. Capture makes one per
+        tensor met, so it is built directly: ``dataclasses.replace`` costs several times as much."""
+        return TensorRecord(
+            self.shape,
+            self.dtype,
+            self.device,
+            self.stats,
+            self.spec_stats,
+            self.nan_count,
+            self.inf_count,
+            value,
+            file,
+            self.dtensor,
+        )
 
 
 Value = Union[TensorRecord, str, tuple["Value", ...], Mapping[str, "Value"]]

@@ -204,3 +204,29 @@ def test_capture_runs_under_no_grad_and_restores_grad_mode() -> None:
         graphtrace.capture(model, torch.ones(1, 2))
         assert torch.is_grad_enabled()
     assert seen == [False]
+
+
+def test_a_failed_forward_without_path_hands_the_partial_trace_to_the_caller() -> None:
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(3, 3))
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as raised:
+        graphtrace.capture(model, torch.ones(1, 2))
+    assert "kept on this exception's .graphtrace_trace" in raised.value.__notes__[-1]
+    partial = raised.value.graphtrace_trace
+    assert [n.path for n in partial.walk()] == ["Sequential", "Sequential.0", "Sequential.1"]
+    assert partial.failed_call().path == "Sequential.1"
+
+
+def test_a_save_that_fails_after_a_failed_forward_keeps_the_forwards_exception(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def disk_full(self: graphtrace.Trace, directory: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(graphtrace.Trace, "save", disk_full)
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(3, 3))
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as raised:
+        graphtrace.capture(model, torch.ones(1, 2), path=tmp_path)
+    notes = raised.value.__notes__
+    assert any("could not be saved" in note and "No space left" in note for note in notes)
+    assert "kept on this exception's .graphtrace_trace" in notes[-1]
+    assert raised.value.graphtrace_trace.failed_call().path == "Sequential.1"

@@ -24,9 +24,10 @@ _FILE_ROLES = {
 def add_capture_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--values",
-        choices=("repr", "safetensors", "none"),
+        choices=("repr", "safetensors", "bundle", "none"),
         default="repr",
-        help="what FULL_TENSORS holds: repr lines (default), one safetensors file per tensor, or nothing",
+        help="what FULL_TENSORS holds: repr lines (default), one safetensors file per tensor, all tensors in one "
+        "safetensors file, or nothing",
     )
     parser.add_argument(
         "--prune-layers", action="store_true", help="keep only the first and last of repeated layer blocks"

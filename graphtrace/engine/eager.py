@@ -77,24 +77,26 @@ def make_wrapper(
     leaf = is_leaf(module)
     begin, end, fail = recorder.begin, recorder.end, recorder.fail
 
+    set_grad_enabled = torch._C._set_grad_enabled  # torch.no_grad() without a context manager object per call
+    is_grad_enabled = torch.is_grad_enabled
+
     @functools.wraps(forward)
     def recording_forward(*args: Any, **kwargs: Any) -> Any:
         frame = begin(path, type_name, leaf, args, kwargs, root=root)
-        if frame is None:
-            if no_grad:
-                with torch.no_grad():
-                    return forward(*args, **kwargs)
-            return forward(*args, **kwargs)
+        if no_grad:
+            grad_mode = is_grad_enabled()
+            set_grad_enabled(False)
         try:
-            if no_grad:
-                with torch.no_grad():
-                    output = forward(*args, **kwargs)
-            else:
-                output = forward(*args, **kwargs)
+            output = forward(*args, **kwargs)
         except BaseException as exc:
-            fail(frame, exc)
+            if frame is not None:
+                fail(frame, exc)
             raise
-        end(frame, output)
+        finally:
+            if no_grad:
+                set_grad_enabled(grad_mode)
+        if frame is not None:
+            end(frame, output)
         return output
 
     return recording_forward

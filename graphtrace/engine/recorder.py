@@ -11,6 +11,7 @@ Not thread-safe: one recorder follows one forward at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 import torch
 
 from graphtrace.engine.caches import StepCache, find_cache
+from graphtrace.engine.layer_pruning import LayerBlockDeferral
 from graphtrace.engine.stats import TensorSummary, summarize
 from graphtrace.model import CallKind, CallNode, DTensorInfo, StepInfo, TensorRecord, Value
 from graphtrace.reprs import sanitize_repr, spec_printoptions
@@ -37,7 +39,10 @@ class ValueSink(Protocol):
     linewidth: int | None
 
     def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
-        """Keep ``tensor``'s value under ``name``; return ``(repr_lines, None)`` or ``(None, relative_file)``."""
+        """Keep ``tensor``'s value under ``name``; return ``(repr_lines, None)`` or ``(None, relative_file)``.
+
+        A sink that also has ``snapshot(tensor, name)`` and ``store_snapshot(snapshot, name)`` lets the recorder
+        skip the values of layer blocks that pruning will drop (see ``layer_pruning``)."""
         ...
 
     def discard(self, file: str) -> None:
@@ -46,16 +51,17 @@ class ValueSink(Protocol):
 
 
 class _Seen:
-    """What is known about a tensor object already met in this step (valid while its version is unchanged)."""
+    """What is known about a tensor object already met in this step (valid while its version is unchanged): its
+    record without a value, and once stored, its record with the value (reused when the sink allows)."""
 
-    __slots__ = ("ref", "version", "grad_mode", "summary", "lines", "producer")
+    __slots__ = ("ref", "version", "grad_mode", "record", "stored", "producer")
 
-    def __init__(self, tensor: torch.Tensor, version: int, grad_mode: bool, summary: TensorSummary) -> None:
+    def __init__(self, tensor: torch.Tensor, version: int, grad_mode: bool, record: TensorRecord) -> None:
         self.ref = weakref.ref(tensor)
         self.version = version
         self.grad_mode = grad_mode
-        self.summary = summary
-        self.lines: tuple[str, ...] | None = None
+        self.record = record
+        self.stored: TensorRecord | None = None
         self.producer: str | None = None
 
 
@@ -99,27 +105,6 @@ def _dtensor_info(value: Any) -> DTensorInfo | None:
         return None
 
 
-def _record(
-    tensor: torch.Tensor,
-    summary: TensorSummary,
-    lines: tuple[str, ...] | None,
-    file: str | None,
-    dtensor: DTensorInfo | None,
-) -> TensorRecord:
-    return TensorRecord(
-        shape=tuple(tensor.shape),
-        dtype=str(tensor.dtype),
-        device=str(tensor.device),
-        stats=summary.stats,
-        spec_stats=summary.spec_stats,
-        nan_count=summary.nan_count,
-        inf_count=summary.inf_count,
-        value=lines,
-        file=file,
-        dtensor=dtensor,
-    )
-
-
 class Recorder:
     """Builds the call tree from begin/end/fail events.
 
@@ -128,6 +113,7 @@ class Recorder:
     ``detached_steps`` records a submodule call made outside any call of the model as a step of its own;
     ``step_caches`` fills :attr:`step_info` (what each step did to the key/value cache passed to it);
     ``keep_steps=False`` hands each step to ``on_step`` without keeping it (the transformers shim needs only the last).
+    ``prune_layers`` records the layer blocks that pruning will drop without their values (see ``layer_pruning``).
     """
 
     def __init__(
@@ -139,8 +125,11 @@ class Recorder:
         detached_steps: bool = False,
         step_caches: bool = False,
         keep_steps: bool = True,
+        prune_layers: bool = False,
     ) -> None:
         self.sink = sink
+        # With pruning ahead, blocks that it will drop get no values (see layer_pruning); sinks opt in.
+        self._deferral = LayerBlockDeferral(sink) if prune_layers and hasattr(sink, "snapshot") else None  # type: ignore[arg-type]
         self._linewidth = sink.linewidth if sink is not None else None
         self.on_step = on_step
         self.on_step_start = on_step_start
@@ -192,6 +181,8 @@ class Recorder:
         index = self._counts.get(path, 0)
         self._counts[path] = index + 1
         frame = Frame(path, index, type_name, leaf, strategy, root, kind)
+        if self._deferral is not None:
+            self._deferral.begin(frame, self._stack[-1] if self._stack else None)
         prefix = f"{frame.name}_inputs"
         # The reference records {"args": ..., "kwargs": ...}; a submodule drops an empty one (naming is unaffected).
         if args:
@@ -223,11 +214,18 @@ class Recorder:
         stack = self._stack
         while stack and stack[-1] is not frame:  # a call that never returned (should not happen with wrappers)
             lost = stack.pop()
-            self._attach(self._node(lost, None, "did not return"))
+            self._attach(self._completed(lost, None, "did not return"))
         if not stack:
             return
         stack.pop()
-        self._attach(self._node(frame, outputs, error))
+        self._attach(self._completed(frame, outputs, error))
+
+    def _completed(self, frame: Frame, outputs: Value | None, error: str | None) -> CallNode:
+        deferral = self._deferral
+        if deferral is None:
+            return self._node(frame, outputs, error)
+        deferral.finishing(frame)
+        return deferral.finished(frame, self._node(frame, outputs, error), self._stack[-1] if self._stack else None)
 
     def _node(self, frame: Frame, outputs: Value | None, error: str | None) -> CallNode:
         return CallNode(
@@ -273,6 +271,8 @@ class Recorder:
                 kept.append(node)
                 continue
             self._counts[node.path] -= 1
+            if self._deferral is not None:
+                self._deferral.withdraw(node)
             if self.sink is not None:
                 for _, record in (*node.input_tensors(), *node.output_tensors()):
                     if record.file is not None:
@@ -320,22 +320,28 @@ class Recorder:
             seen.producer = frame.id
         elif seen.producer is not None and seen.producer not in frame.inputs_from:
             frame.inputs_from.append(seen.producer)
-        lines = file = None
-        if store and self.sink is not None:
-            if self.sink.per_name:
-                lines, file = self.sink.store(tensor, name)
-            else:
-                if seen.lines is None:
-                    seen.lines, _ = self.sink.store(tensor, name)
-                lines = seen.lines
-        return _record(tensor, seen.summary, lines, file, dtensor)
+        sink = self.sink
+        if not store or sink is None:
+            record = seen.record
+        elif self._deferral is not None and self._deferral.deferring and seen.stored is None:
+            record = self._deferral.defer(seen.record, tensor, seen, name)
+        elif sink.per_name:
+            record = seen.record.with_value(*sink.store(tensor, name))
+        else:
+            record = seen.stored
+            if record is None:
+                record = seen.stored = seen.record.with_value(*sink.store(tensor, name))
+        if dtensor is not None:
+            record = dataclasses.replace(record, dtensor=dtensor)
+        return record
 
     def _state_tensor(self, value: torch.Tensor, statistics: bool) -> TensorRecord:
         """A record of a tensor held as state (a cache's keys): no value, no data flow, statistics when asked."""
         dtensor = None
         if hasattr(value, "_local_tensor"):
             value, dtensor = value._local_tensor, _dtensor_info(value)
-        return _record(value, self._remember(value).summary if statistics else _NO_SUMMARY, None, None, dtensor)
+        record = self._remember(value).record if statistics else _record(value, _NO_SUMMARY)
+        return record if dtensor is None else dataclasses.replace(record, dtensor=dtensor)
 
     def _remember(self, tensor: torch.Tensor) -> _Seen:
         """The cached facts about ``tensor``, recomputed when it is new or was modified in place since."""
@@ -344,14 +350,36 @@ class Recorder:
         try:
             version = tensor._version
         except RuntimeError:  # inference tensors have no version counter: never reuse
-            return _Seen(tensor, -1, grad_mode, summarize(tensor))
+            return _Seen(tensor, -1, grad_mode, _record(tensor))
         old = self._seen.get(key)
         producer = None
         if old is not None and old.ref() is tensor:
             if old.version == version and old.grad_mode == grad_mode:
                 return old
             producer = old.producer  # modified in place since: new statistics, same origin
-        seen = _Seen(tensor, version, grad_mode, summarize(tensor))
+        seen = _Seen(tensor, version, grad_mode, _record(tensor))
         seen.producer = producer
         self._seen[key] = seen
         return seen
+
+
+_dtype_names: dict[torch.dtype, str] = {}
+
+
+def _record(tensor: torch.Tensor, summary: TensorSummary | None = None) -> TensorRecord:
+    """The record of ``tensor``: shape, dtype, device and statistics (computed unless given), no value."""
+    dtype = tensor.dtype
+    dtype_name = _dtype_names.get(dtype)
+    if dtype_name is None:
+        dtype_name = _dtype_names[dtype] = str(dtype)
+    if summary is None:
+        summary = summarize(tensor)
+    return TensorRecord(
+        shape=tuple(tensor.shape),
+        dtype=dtype_name,
+        device="cpu" if tensor.is_cpu else str(tensor.device),
+        stats=summary.stats,
+        spec_stats=summary.spec_stats,
+        nan_count=summary.nan_count,
+        inf_count=summary.inf_count,
+    )

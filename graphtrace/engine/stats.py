@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 from torch._tensor_str import PRINT_OPTS
 
+from graphtrace.engine import std_bound
 from graphtrace.model import Stats
 from graphtrace.reprs import sanitize_repr, spec_printoptions
 
@@ -55,7 +56,7 @@ def _needs_reference_path(tensor: torch.Tensor) -> bool:
     """True when the repr of a 0-d result would carry a suffix only torch's printer gets right."""
     return (
         type(tensor) not in _PLAIN_TENSOR_TYPES
-        or tensor.device.type != "cpu"
+        or not tensor.is_cpu
         or torch._C._get_default_device() != "cpu"
         or (tensor.requires_grad and torch.is_grad_enabled())
         or PRINT_OPTS.linewidth < 60
@@ -83,6 +84,24 @@ def _reference_summary(tensor: torch.Tensor) -> TensorSummary:
     return TensorSummary(stats, spec, *_nonfinite_counts(tensor, stats.min, stats.max))  # type: ignore[arg-type]
 
 
+def _reductions(tensor: torch.Tensor, precision: int) -> list[float]:
+    """mean, std, min, max in the tensor's own dtype (float64, or float32 for other floating dtypes), fetched in one
+    host transfer; for a large tensor of a spec dtype, std from :mod:`graphtrace.engine.std_bound` where it proves
+    the printed digits."""
+    dtype = tensor.dtype
+    data = tensor if dtype in SPEC_STAT_DTYPES or dtype == torch.float64 else tensor.float()
+    low, high = torch.aminmax(data)
+    if data.numel() >= std_bound.MIN_ELEMENTS and dtype in SPEC_STAT_DTYPES and data.is_contiguous():
+        mean, low, high = torch.stack((data.mean(), low, high)).tolist()
+        if math.isfinite(low) and math.isfinite(high):
+            std = std_bound.printed_std(data, mean, lambda value: format_scalar(value, dtype, precision))
+            if std is not None:
+                return [mean, std, low, high]
+        return [mean, data.std().item(), low, high]
+    std = data.std() if data.numel() > 1 else data.new_full((), math.nan)
+    return torch.stack((data.mean(), std, low, high)).tolist()
+
+
 def summarize(tensor: torch.Tensor) -> TensorSummary:
     """Statistics and non-finite counts of ``tensor`` (empty for non-floating or empty tensors)."""
     dtype = tensor.dtype
@@ -91,15 +110,15 @@ def summarize(tensor: torch.Tensor) -> TensorSummary:
     spec_dtype = dtype in SPEC_STAT_DTYPES
     if spec_dtype and _needs_reference_path(tensor):
         return _reference_summary(tensor)
-    with torch.no_grad():
-        data = tensor if dtype in SPEC_STAT_DTYPES or dtype == torch.float64 else tensor.float()
-        std = data.std() if data.numel() > 1 else data.new_full((), math.nan)
-        low, high = torch.aminmax(data)
-        mean, std, low, high = torch.stack((data.mean(), std, low, high)).tolist()
+    precision = PRINT_OPTS.precision
+    if tensor.requires_grad:
+        with torch.no_grad():
+            mean, std, low, high = _reductions(tensor, precision)
+    else:
+        mean, std, low, high = _reductions(tensor, precision)
     stats = Stats(mean, std, low, high)
     spec = None
     if spec_dtype:
-        precision = PRINT_OPTS.precision
         spec = (
             format_scalar(mean, dtype, precision),
             format_scalar(std, dtype, precision),

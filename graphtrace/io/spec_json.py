@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from graphtrace.errors import TraceFormatError
+from graphtrace.io.json_text import dumps_key
+from graphtrace.io.json_text import escape as _escape
 from graphtrace.model import CallNode, Stats, TensorRecord, Value
 from graphtrace.reprs import spec_shape
 
@@ -31,6 +33,7 @@ __all__ = [
     "node_to_spec",
     "read_spec_file",
     "spec_file_names",
+    "spec_texts",
     "write_spec_files",
 ]
 
@@ -73,38 +76,176 @@ def _json_key(key: Any) -> Any:
     return key if isinstance(key, (str, int, float, bool)) or key is None else str(key)
 
 
-def node_to_spec(node: CallNode, *, full: bool, root: bool = True, include_ops: bool = False) -> dict[str, Any]:
-    """The transformers JSON node of ``node`` and its subtree (FULL_TENSORS when ``full``, else SUMMARY)."""
+def _node_fields(node: CallNode, root: bool, include_ops: bool) -> list[tuple[str, Any]]:
+    """The keys of ``node``'s JSON object in order, with the recorded values they hold (children as CallNodes)."""
     inputs: dict[str, Any] = {}
     if root or node.args:
-        inputs["args"] = [_value_to_spec(arg, full) for arg in node.args]
+        inputs["args"] = node.args
     if root or node.kwargs:
-        inputs["kwargs"] = {_json_key(k): _value_to_spec(v, full) for k, v in node.kwargs.items()}
-    out: dict[str, Any] = {"module_path": node.path, "inputs": inputs}
+        inputs["kwargs"] = node.kwargs
+    fields: list[tuple[str, Any]] = [("module_path", node.path), ("inputs", inputs)]
     children = [child for child in node.children if include_ops or child.kind != "op"]
     if not any(child.kind == "module" for child in children):  # a leaf keeps its outputs beside its op children
-        keeps_outputs = (root or node.leaf) and node.outputs is not None
-        outputs = _value_to_spec(node.outputs, full) if keeps_outputs else None  # type: ignore[arg-type]
-        if not root or outputs:
-            out["outputs"] = outputs
+        outputs = node.outputs if (root or node.leaf) else None
+        if not root or outputs:  # the root drops falsy keys (a recorded value is falsy exactly when its JSON is)
+            fields.append(("outputs", outputs))
     if children:
-        out["children"] = [node_to_spec(child, full=full, root=False, include_ops=include_ops) for child in children]
+        fields.append(("children", children))
     if node.error is not None:
-        out["error"] = node.error
+        fields.append(("error", node.error))
+    return fields
+
+
+def node_to_spec(node: CallNode, *, full: bool, root: bool = True, include_ops: bool = False) -> dict[str, Any]:
+    """The transformers JSON node of ``node`` and its subtree (FULL_TENSORS when ``full``, else SUMMARY)."""
+    out: dict[str, Any] = {}
+    for key, value in _node_fields(node, root, include_ops):
+        if key == "inputs":
+            inputs = {}
+            if "args" in value:
+                inputs["args"] = [_value_to_spec(arg, full) for arg in value["args"]]
+            if "kwargs" in value:
+                inputs["kwargs"] = {_json_key(k): _value_to_spec(v, full) for k, v in value["kwargs"].items()}
+            value = inputs
+        elif key == "children":
+            value = [node_to_spec(child, full=full, root=False, include_ops=include_ops) for child in value]
+        elif key == "outputs" and value is not None:
+            value = _value_to_spec(value, full)
+        out[key] = value
     return out
+
+
+def spec_texts(step: CallNode, *, include_ops: bool = False) -> tuple[str, str]:
+    """The FULL_TENSORS and SUMMARY texts of one top-level call: ``json.dumps(node_to_spec(...), indent=2)`` of
+    each, produced together (SUMMARY is FULL_TENSORS without the tensors' values, at the same indentation)."""
+    writer = _SpecWriter(include_ops)
+    writer.node(step, 0, True)
+    chunks = writer.chunks
+    full = "".join(chunks)
+    for start, end in reversed(writer.values):
+        del chunks[start:end]
+    return full, "".join(chunks)
+
+
+class _SpecWriter:
+    """Emits the spec JSON of a call tree as text chunks, remembering where each tensor's ``value`` item lies."""
+
+    def __init__(self, include_ops: bool) -> None:
+        self.include_ops = include_ops
+        self.chunks: list[str] = []
+        self.values: list[tuple[int, int]] = []
+        self._breaks = ["\n"]
+
+    def newline(self, level: int) -> str:
+        breaks = self._breaks
+        while len(breaks) <= level:
+            breaks.append(breaks[-1] + "  ")
+        return breaks[level]
+
+    def node(self, node: CallNode, level: int, root: bool) -> None:
+        append = self.chunks.append
+        inner = self.newline(level + 1)
+        first = "{"
+        for key, value in _node_fields(node, root, self.include_ops):
+            append(first + inner + '"' + key + '": ')
+            first = ","
+            if key == "inputs":
+                self.inputs(value, level + 1)
+            elif key == "children":
+                deeper = self.newline(level + 2)
+                for i, child in enumerate(value):
+                    append(("[" if i == 0 else ",") + deeper)
+                    self.node(child, level + 2, False)
+                append(inner + "]")
+            elif key == "outputs":
+                self.value(value, level + 1)
+            else:
+                append(_escape(value))
+        append(self.newline(level) + "}")
+
+    def inputs(self, inputs: dict[str, Any], level: int) -> None:
+        if not inputs:
+            self.chunks.append("{}")
+            return
+        inner = self.newline(level + 1)
+        first = "{"
+        for key, value in inputs.items():
+            self.chunks.append(first + inner + '"' + key + '": ')
+            first = ","
+            self.value(value if key == "kwargs" else tuple(value), level + 1)
+        self.chunks.append(self.newline(level) + "}")
+
+    def value(self, value: Any, level: int) -> None:
+        append = self.chunks.append
+        if type(value) is TensorRecord:
+            self.tensor(value, level)
+        elif isinstance(value, str):
+            append(_escape(value))
+        elif value is None:
+            append("null")
+        elif isinstance(value, tuple):
+            if not value:
+                append("[]")
+                return
+            inner = self.newline(level + 1)
+            for i, item in enumerate(value):
+                append(("[" if i == 0 else ",") + inner)
+                self.value(item, level + 1)
+            append(self.newline(level) + "]")
+        elif isinstance(value, TensorRecord):
+            self.tensor(value, level)
+        else:
+            if not value:
+                append("{}")
+                return
+            inner = self.newline(level + 1)
+            first = "{"
+            for key, item in value.items():
+                append(first + inner + _json_key_text(key) + ": ")
+                first = ","
+                self.value(item, level + 1)
+            append(self.newline(level) + "}")
+
+    def tensor(self, record: TensorRecord, level: int) -> None:
+        append = self.chunks.append
+        inner = self.newline(level + 1)
+        append("{" + inner + '"shape": "' + spec_shape(record.shape) + '",' + inner + '"dtype": ' + _escape(record.dtype))
+        if record.value is not None or record.file is not None:
+            start = len(self.chunks)
+            if record.value is not None:
+                lines = self.newline(level + 2)
+                text = "[" + lines + ("," + lines).join(map(_escape, record.value)) + inner + "]"
+                if not record.value:
+                    text = "[]"
+            else:
+                text = _escape(record.file)
+            append("," + inner + '"value": ' + text)
+            self.values.append((start, start + 1))
+        stats = record.spec_stats
+        tail = self.newline(level) + "}"
+        if stats is not None:
+            mean, std, low, high = map(_escape, stats)
+            tail = (
+                "," + inner + '"mean": ' + mean + "," + inner + '"std": ' + std
+                + "," + inner + '"min": ' + low + "," + inner + '"max": ' + high + tail
+            )
+        append(tail)
+
+
+def _json_key_text(key: Any) -> str:
+    """A dict key as ``json.dumps`` writes it."""
+    return dumps_key(_json_key(key))
 
 
 def write_spec_files(
     step: CallNode, directory: str | os.PathLike[str], model_class: str, *, include_ops: bool = False
 ) -> list[Path]:
     """Write FULL_TENSORS then SUMMARY for one top-level call into ``directory``; returns both paths."""
-    full_name, summary_name = spec_file_names(model_class)
     written = []
-    for name, full in ((full_name, True), (summary_name, False)):
+    for name, text in zip(spec_file_names(model_class), spec_texts(step, include_ops=include_ops)):
         path = Path(directory) / name
-        tree = node_to_spec(step, full=full, include_ops=include_ops)
         with open(path, "w", encoding="utf-8") as handle:
-            json.dump(tree, handle, indent=2)
+            handle.write(text)
         written.append(path)
     return written
 

@@ -1,29 +1,32 @@
 """Full tensor values: repr lines for FULL_TENSORS.json, or safetensors files streamed to disk during the forward.
 
-Capture hands every tensor whose value is wanted to a *sink* (``graphtrace.engine.recorder.ValueSink``); the sink returns what the trace keeps: the repr lines,
-or the relative path of the file it wrote. Writing while the forward runs keeps the tensor in memory no longer than
-the call that produced it.
+Capture hands every tensor whose value is wanted to a *sink* (``graphtrace.engine.recorder.ValueSink``); the sink
+returns what the trace keeps: the repr lines, or the relative path of the file it wrote (``./name.safetensors``, or
+``./X_tensors.safetensors#key`` inside a bundle). Files are written by a background thread while the forward runs
+(:mod:`graphtrace.io.file_writer`), so a tensor stays in memory no longer than the writer's bounded queue needs it.
+Sinks can also take a snapshot now and store it later, for the layer blocks that pruning may drop
+(``graphtrace.engine.layer_pruning``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import json
 import os
+import shutil
+import weakref
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
 from graphtrace.errors import OutputPathError, UnsupportedTensorError
-from graphtrace.reprs import SPEC_LINEWIDTH, sanitize_repr, spec_printoptions
+from graphtrace.io.file_writer import BackgroundWriter
+from graphtrace.io.safetensors_format import DTYPE_NAMES, bundle_header, single_tensor_header, split_reference
+from graphtrace.io.tensor_repr import PrintedValues, lines_of, printed_values, repr_lines
+from graphtrace.reprs import SPEC_LINEWIDTH
 
-__all__ = ["ReprSink", "SafetensorsSink", "load_tensor", "repr_lines"]
-
-def repr_lines(tensor: torch.Tensor) -> tuple[str, ...]:
-    """The lines ``print(tensor)`` shows under ``sci_mode=True, linewidth=120``, sanitised, as transformers writes
-    them. Torch's print options are set only for the duration of the ``repr`` and restored after."""
-    with spec_printoptions(SPEC_LINEWIDTH):
-        text = repr(tensor)
-    return tuple(sanitize_repr(text).splitlines())
+__all__ = ["BUNDLE_SUFFIX", "BundleSink", "ReprSink", "SafetensorsSink", "load_tensor", "repr_lines"]
 
 
 class ReprSink:
@@ -38,42 +41,292 @@ class ReprSink:
     def discard(self, file: str) -> None:
         """Nothing to remove: repr lines live in the record itself."""
 
+    def snapshot(self, tensor: torch.Tensor, name: str) -> PrintedValues | tuple[str, ...]:
+        """The printed elements now, formatted by :meth:`store_snapshot` if the value is wanted after all."""
+        return printed_values(tensor)
 
-class SafetensorsSink:
-    """Writes each tensor to ``{directory}/{name}.safetensors`` under the key ``data`` (``use_repr=False``)."""
+    def store_snapshot(self, snapshot: PrintedValues | tuple[str, ...], name: str) -> tuple[tuple[str, ...], None]:
+        return lines_of(snapshot), None
 
-    per_name = True
+
+def _host_tensor(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    try:
+        return tensor.detach().contiguous().cpu().resolve_conj().resolve_neg()
+    except (RuntimeError, NotImplementedError) as exc:
+        raise UnsupportedTensorError(
+            f"cannot store tensor {name!r} ({tensor.dtype}, layout {tensor.layout}) as safetensors: {exc}. "
+            "Capture with values='repr' (use_repr=True), or convert the tensor to a dense strided one."
+        ) from exc
+
+
+def _memory(data: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy (valid while ``data`` lives)."""
+    nbytes = data.numel() * data.element_size()
+    if nbytes == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * nbytes).from_address(data.data_ptr())).cast("B")
+
+
+def _write_at(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
+
+
+def _output_error(target: Path, exc: OSError) -> OutputPathError:
+    return OutputPathError(
+        f"cannot write {target}: {exc.strerror or exc}. Free some space or choose another directory."
+    )
+
+
+class _FileSink:
+    """Streams tensors into files in ``directory`` through a :class:`BackgroundWriter`.
+
+    The writer may still be writing when :meth:`store` returns, so a tensor that shares memory with the model's is
+    copied first (the model may change it in place). :meth:`finish` waits for the files of a step; :meth:`close`
+    also stops the writer's thread."""
+
     linewidth: int | None = None  # transformers leaves the line width alone in this mode
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], writer: BackgroundWriter | None = None) -> None:
         self.directory = Path(directory)
-        self.written: list[Path] = []
+        self.writer = writer if writer is not None else BackgroundWriter()
+
+    def _owned(self, data: torch.Tensor, tensor: torch.Tensor, *, later: bool = False) -> torch.Tensor:
+        """``data`` (the host copy of ``tensor``), copied if it shares memory with ``tensor`` and is written after
+        the caller returns."""
+        queued = later or data.numel() * data.element_size() < self.writer.queue_bytes
+        if queued and data.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
+            return data.clone()
+        return data
 
     def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
-        filename = name.replace("/", "_")
-        if not filename.endswith(".safetensors"):
-            filename += ".safetensors"
-        target = self.directory / filename
+        return self.store_snapshot(self._owned(_host_tensor(tensor, name), tensor), name)
+
+    def snapshot(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        """A copy of ``tensor`` on the host, written by :meth:`store_snapshot` if the value is wanted after all."""
+        return self._owned(_host_tensor(tensor, name), tensor, later=True)
+
+    def store_snapshot(self, data: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """Wait until every stored tensor is on disk."""
+        self.writer.drain()
+
+    def close(self) -> None:
         try:
-            data = tensor.detach().contiguous().cpu()
-        except (RuntimeError, NotImplementedError) as exc:
-            raise UnsupportedTensorError(
-                f"cannot store tensor {name!r} ({tensor.dtype}, layout {tensor.layout}) as safetensors: {exc}. "
-                "Capture with values='repr' (use_repr=True), or convert the tensor to a dense strided one."
-            ) from exc
+            self.finish()
+        finally:
+            self.writer.close()
+
+
+class SafetensorsSink(_FileSink):
+    """Writes each tensor to ``{directory}/{name}.safetensors`` under the key ``data`` (``use_repr=False``), byte
+    for byte as ``safetensors.torch.save_file`` (and so transformers) writes it.
+
+    A tensor stored again unchanged under another name (the hidden states that q, k and v projections all read) is
+    not written again: the new name is a hard link to the first file, with the same bytes. Every file is unlinked
+    before it is written, so that writing one name never changes another."""
+
+    per_name = True
+
+    def __init__(self, directory: str | os.PathLike[str], writer: BackgroundWriter | None = None) -> None:
+        super().__init__(directory, writer)
+        self._written: dict[int, tuple[weakref.ref[torch.Tensor], int, Path]] = {}
+
+    def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
+        target = self.directory / _file_name(name)
+        earlier = self._written.get(id(tensor))
+        if earlier is not None and earlier[0]() is tensor and earlier[1] == tensor._version:
+            source = earlier[2]
+
+            def link() -> None:
+                try:
+                    _unlink(target)
+                    os.link(source, target)
+                except OSError:
+                    shutil.copyfile(source, target)  # a file system without hard links
+
+            self.writer.submit(link, 0)
+            return None, f"./{target.name}"
+        result = super().store(tensor, name)
         try:
-            save_file({"data": data}, str(target))
+            self._written[id(tensor)] = (weakref.ref(tensor), tensor._version, target)
+        except RuntimeError:  # an inference tensor has no version counter: no reuse
+            pass
+        return result
+
+    def store_snapshot(self, data: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
+        target = self.directory / _file_name(name)
+        dtype = str(data.dtype)
+        if dtype not in DTYPE_NAMES:
+            self.writer.drain()
+            _save_file(data, target, name)
+            return None, f"./{target.name}"
+        header = single_tensor_header(dtype, tuple(data.shape), data.numel() * data.element_size())
+
+        def write() -> None:
+            try:
+                _unlink(target)
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+                try:
+                    _write_at(fd, memoryview(header), 0)
+                    _write_at(fd, _memory(data), len(header))
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise _output_error(target, exc) from exc
+
+        self.writer.submit(write, len(header) + data.numel() * data.element_size())
+        return None, f"./{target.name}"
+
+    def discard(self, file: str) -> None:
+        """Remove a file :meth:`store` wrote into the current directory (``file`` as :meth:`store` returned it), once
+        it is written; later stores of the same tensor write it again."""
+        target = self.directory / file
+        self._written = {key: entry for key, entry in self._written.items() if entry[2] != target}
+        self.writer.submit(lambda: _unlink(target), 0)
+
+    def finish(self) -> None:
+        self._written = {}
+        super().finish()
+
+
+def _file_name(name: str) -> str:
+    filename = name.replace("/", "_")
+    return filename if filename.endswith(".safetensors") else filename + ".safetensors"
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _save_file(data: torch.Tensor, target: Path, name: str) -> None:
+    """safetensors' own writer, for the dtypes graphtrace does not write itself (float8, unsigned ints, ...)."""
+    try:
+        save_file({"data": data}, str(target))
+    except OSError as exc:
+        raise _output_error(target, exc) from exc
+    except Exception as exc:  # safetensors raises its own error types for dtypes it cannot store
+        raise UnsupportedTensorError(
+            f"cannot store tensor {name!r} ({data.dtype}) as safetensors: {exc}. "
+            "Capture with values='repr' (use_repr=True) for this model."
+        ) from exc
+
+
+BUNDLE_SUFFIX = "_tensors.safetensors"
+"""A bundle's first file is ``{model class}_tensors.safetensors``; further shards add ``-00002`` and so on."""
+
+
+class BundleSink(_FileSink):
+    """Streams every tensor of a step into one safetensors file (``values="bundle"``), with an index beside it.
+
+    The file starts with room for its header, filled in when the step ends; tensors are appended while the forward
+    runs. A tensor seen again unchanged is stored once (the recorder reuses its key). When the header room is used
+    up, the file is completed and a new shard begins. Each record's ``file`` is ``./{shard}#{key}``."""
+
+    per_name = False
+    header_bytes = 1 << 20
+
+    def __init__(self, directory: str | os.PathLike[str], stem: str, writer: BackgroundWriter | None = None) -> None:
+        super().__init__(directory, writer)
+        self.stem = stem
+        self._fd: int | None = None
+        self._shards: list[str] = []
+        self._entries: list[tuple[str, str, tuple[int, ...], int, int]] = []
+        self._offset = 0
+        self._header_length = 0
+        self._weight_map: dict[str, str] = {}
+
+    def _shard_name(self, number: int) -> str:
+        return f"{self.stem}{BUNDLE_SUFFIX}" if number == 1 else f"{self.stem}_tensors-{number:05d}.safetensors"
+
+    def _append(self, key: str, dtype: str, shape: tuple[int, ...], nbytes: int) -> tuple[int, int]:
+        """Reserve ``nbytes`` for ``key`` in the current shard, opening a shard when needed; returns (fd, offset)."""
+        entry = len(json.dumps({key: [dtype, list(shape), [self._offset, self._offset]]})) + 64
+        if self._fd is None or self._header_length + entry > self.header_bytes - 8:
+            self._complete_shard()
+            self._open_shard()
+        assert self._fd is not None
+        start = self._offset
+        self._offset += nbytes
+        self._entries.append((key, dtype, shape, start, self._offset))
+        self._header_length += entry
+        self._weight_map[key] = self._shards[-1]
+        return self._fd, self.header_bytes + start
+
+    def _open_shard(self) -> None:
+        name = self._shard_name(len(self._shards) + 1)
+        target = self.directory / name
+        try:
+            self._fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         except OSError as exc:
-            raise OutputPathError(
-                f"cannot write {target}: {exc.strerror or exc}. Free some space or choose another directory."
-            ) from exc
-        except Exception as exc:  # safetensors raises its own error types for dtypes it cannot store
+            raise _output_error(target, exc) from exc
+        self._shards.append(name)
+        self._entries, self._offset, self._header_length = [], 0, 256
+
+    def _complete_shard(self) -> None:
+        fd, entries = self._fd, self._entries
+        if fd is None:
+            return
+        self._fd = None
+        header = bundle_header(entries, self.header_bytes - 8)
+        target = self.directory / self._shards[-1]
+
+        def complete() -> None:
+            try:
+                try:
+                    _write_at(fd, memoryview(header), 0)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise _output_error(target, exc) from exc
+
+        self.writer.submit(complete, 0)
+
+    def store_snapshot(self, data: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
+        dtype = str(data.dtype)
+        if dtype not in DTYPE_NAMES:
             raise UnsupportedTensorError(
-                f"cannot store tensor {name!r} ({tensor.dtype}) as safetensors: {exc}. "
-                "Capture with values='repr' (use_repr=True) for this model."
-            ) from exc
-        self.written.append(target)
-        return None, f"./{filename}"
+                f"cannot store tensor {name!r} ({dtype}) in a bundle: it holds {', '.join(DTYPE_NAMES)} only. "
+                "Capture with values='safetensors' (a file per tensor) or values='repr'."
+            )
+        pad = -self._offset % data.element_size()
+        if pad:  # keep every tensor aligned to its element size; safetensors allows no holes, so pad with bytes
+            pad_fd, pad_at = self._append(f"__padding__.{self._offset}", "torch.uint8", (pad,), pad)
+            self.writer.submit(lambda: _write_at(pad_fd, memoryview(bytes(pad)), pad_at), pad)
+        nbytes = data.numel() * data.element_size()
+        fd, at = self._append(name, dtype, tuple(data.shape), nbytes)
+        target = self.directory / self._shards[-1]
+
+        def write() -> None:
+            try:
+                _write_at(fd, _memory(data), at)
+            except OSError as exc:
+                raise _output_error(target, exc) from exc
+
+        self.writer.submit(write, nbytes)
+        return None, f"./{self._shards[-1]}#{name}"
+
+    def discard(self, file: str) -> None:
+        """Leave the bytes where they are: a bundle has no holes, and another record may point at the same key."""
+
+    def finish(self) -> None:
+        """Complete the step's shards and write the index ``{stem}_tensors.safetensors.index.json``."""
+        self._complete_shard()
+        self.writer.drain()
+        if self._shards:
+            index = {"metadata": {"writer": "graphtrace"}, "weight_map": self._weight_map}
+            path = self.directory / f"{self.stem}{BUNDLE_SUFFIX}.index.json"
+            try:
+                path.write_text(json.dumps(index, indent=1) + "\n", encoding="utf-8")
+            except OSError as exc:
+                raise _output_error(path, exc) from exc
+        self._shards, self._weight_map = [], {}
 
     def discard(self, file: str) -> None:
         """Remove a file :meth:`store` wrote into the current directory (``file`` as :meth:`store` returned it)."""
@@ -84,7 +337,13 @@ class SafetensorsSink:
 
 
 def load_tensor(directory: str | os.PathLike[str], file: str) -> torch.Tensor:
-    """The tensor stored under ``data`` in ``file`` (a ``./name.safetensors`` path relative to ``directory``)."""
+    """The tensor a record's ``file`` names, relative to ``directory``: ``./name.safetensors`` (the tensor under
+    ``data``) or, in a bundle, ``./shard.safetensors#key``."""
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
-    return load_file(str(Path(directory) / file))["data"]
+    path, key = split_reference(file)
+    if key is not None:
+        with safe_open(str(Path(directory) / path), framework="pt") as handle:
+            return handle.get_tensor(key)
+    return load_file(str(Path(directory) / path))["data"]

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from graphtrace.errors import OutputPathError, TraceFormatError
 from graphtrace.io.spec_json import FULL_SUFFIX, SUMMARY_SUFFIX, read_spec_file, write_spec_files
-from graphtrace.io.trace_json import trace_from_json, trace_to_json
+from graphtrace.io.safetensors_format import split_reference
+from graphtrace.io.trace_json import trace_from_json, trace_text
 from graphtrace.model import CallNode, TensorRecord, Trace, TraceMeta
 
 __all__ = [
@@ -77,8 +78,13 @@ def _all_tensors(root: CallNode) -> Iterator[TensorRecord]:
 
 
 def referenced_files(node: CallNode) -> set[str]:
-    """The safetensors files (``./name.safetensors``) the node and its subtree point at."""
-    return {record.file for record in _all_tensors(node) if record.file is not None}
+    """The safetensors files (``./name.safetensors``) the node and its subtree point at (a bundle's shard once)."""
+    return {split_reference(record.file)[0] for record in _all_tensors(node) if record.file is not None}
+
+
+def _bundle_indexes(directory: Path, files: set[str]) -> set[str]:
+    """The index files beside the bundles among ``files`` (values="bundle")."""
+    return {f"{file}.index.json" for file in files if (directory / f"{file}.index.json").is_file()}
 
 
 def save_trace(trace: Trace, directory: str | os.PathLike[str]) -> list[str]:
@@ -100,7 +106,7 @@ def save_trace(trace: Trace, directory: str | os.PathLike[str]) -> list[str]:
             continue
         from_dir = step_directory(source, i, len(trace.steps))
         kept = referenced_files(step)
-        for file in sorted(kept):
+        for file in sorted(kept | _bundle_indexes(from_dir, kept)):
             src, dst = from_dir / file, out / file
             if src.resolve() != dst.resolve():
                 shutil.copyfile(src, dst)
@@ -110,7 +116,7 @@ def save_trace(trace: Trace, directory: str | os.PathLike[str]) -> list[str]:
                 (from_dir / file).unlink(missing_ok=True)
     own = target / f"{trace.meta.model_class}{OWN_SUFFIX}"
     with open(own, "w", encoding="utf-8") as handle:
-        json.dump(trace_to_json(trace), handle, indent=1, allow_nan=False)
+        handle.write(trace_text(trace))
     written.append(own)
     return [str(path) for path in written]
 

@@ -12,6 +12,7 @@ standard JSON.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -29,7 +30,7 @@ from graphtrace.model import (
     Value,
 )
 
-__all__ = ["FORMAT_NAME", "trace_from_json", "trace_to_json"]
+__all__ = ["FORMAT_NAME", "trace_from_json", "trace_text", "trace_to_json"]
 
 FORMAT_NAME = "graphtrace"
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -48,7 +49,8 @@ def _float_in(x: Any) -> float:
 def _tensor_out(record: TensorRecord) -> dict[str, Any]:
     out: dict[str, Any] = {"shape": list(record.shape), "dtype": record.dtype, "device": record.device}
     if record.stats is not None:
-        out["stats"] = [_float_out(x) for x in dataclasses.astuple(record.stats)]
+        stats = record.stats
+        out["stats"] = [_float_out(stats.mean), _float_out(stats.std), _float_out(stats.min), _float_out(stats.max)]
     if record.spec_stats is not None:
         out["spec_stats"] = list(record.spec_stats)
     if record.nan_count or record.inf_count:
@@ -167,6 +169,39 @@ def trace_to_json(trace: Trace) -> dict[str, Any]:
         "step_info": [_step_info_out(info) for info in trace.step_info],
         "steps": [_node_out(step) for step in trace.steps],
     }
+
+
+_compact = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode  # C-accelerated: no indent
+
+
+def trace_text(trace: Trace) -> str:
+    """The file text of ``trace``: the document of :func:`trace_to_json` with one call per line, indented by depth.
+
+    Compact JSON per call lets ``json``'s C encoder do the work (an indented dump goes through Python code and
+    costs more than the capture of a small model), while a diff of two files still lines up call by call."""
+    doc = trace_to_json(trace)
+    steps = doc.pop("steps")
+    lines = [_compact(doc)[:-1] + ',"steps":[']
+    for i, step in enumerate(steps):
+        if i:
+            lines[-1] += ","
+        _node_lines(step, 0, lines)
+    lines.append("]}")
+    return "\n".join(lines) + "\n"
+
+
+def _node_lines(node: dict[str, Any], depth: int, lines: list[str]) -> None:
+    children = node.pop("children")  # the last key, as in _node_out
+    head = " " * depth + _compact(node)[:-1] + ',"children":['
+    if not children:
+        lines.append(head + "]}")
+        return
+    lines.append(head)
+    for i, child in enumerate(children):
+        if i:
+            lines[-1] += ","
+        _node_lines(child, depth + 1, lines)
+    lines.append(" " * depth + "]}")
 
 
 def trace_from_json(raw: Any, directory: str | None = None) -> Trace:

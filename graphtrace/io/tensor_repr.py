@@ -1,0 +1,110 @@
+"""``repr(tensor)`` as transformers writes it, without torch's printer where the result is provably the same.
+
+torch's printer costs about half a millisecond per tensor. For a plain dense CPU tensor the text is a function of the
+printed elements alone (:mod:`graphtrace.io.tensor_text` lays them out), so this module only gathers them: the whole
+tensor, or for a summarised one the first and last ``edgeitems`` along each dimension, in one indexing operation.
+Anything torch's printer would decorate (another device, autograd, subclasses, wrappers) goes to torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch._tensor_str import PRINT_OPTS
+
+from graphtrace.io.tensor_text import PrintOptions, shown_sizes, tensor_text
+from graphtrace.reprs import SPEC_LINEWIDTH, sanitize_repr, spec_printoptions
+
+__all__ = ["PrintedValues", "lines_of", "printed_values", "repr_lines"]
+
+_TEXT_DTYPES = frozenset({
+    torch.float32, torch.float64, torch.float16, torch.bfloat16,
+    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+})
+"""The dtypes printed here (complex, float8 and the rarer integer types take torch's printer)."""
+
+_CACHE_LIMIT = 4096
+_gather_offsets: dict[tuple, tuple[torch.Tensor, int]] = {}
+
+
+class PrintedValues(NamedTuple):
+    """What the repr of a plain tensor is made of: its printed elements (as ``tolist()`` gives them), its shape,
+    whether it is floating, torch's suffixes and the print options."""
+
+    values: list[Any]
+    shape: tuple[int, ...]
+    floating: bool
+    suffixes: tuple[str, ...]
+    options: PrintOptions
+
+
+def repr_lines(tensor: torch.Tensor) -> tuple[str, ...]:
+    """The lines ``print(tensor)`` shows under ``sci_mode=True, linewidth=120``, sanitised, as transformers writes
+    them. Torch's print options are never changed for longer than a ``repr`` of an unusual tensor takes."""
+    return lines_of(printed_values(tensor))
+
+
+def printed_values(tensor: torch.Tensor) -> PrintedValues | tuple[str, ...]:
+    """What :func:`repr_lines` needs of ``tensor``, taken now to be formatted later by :func:`lines_of` (for an
+    unusual tensor, the lines themselves)."""
+    options = (PRINT_OPTS.precision, PRINT_OPTS.threshold, PRINT_OPTS.edgeitems, SPEC_LINEWIDTH)
+    if _printable_from_values(tensor, options):
+        return _values(tensor, options)
+    with spec_printoptions(SPEC_LINEWIDTH):
+        text = repr(tensor)
+    return tuple(sanitize_repr(text).splitlines())
+
+
+def lines_of(printed: PrintedValues | tuple[str, ...]) -> tuple[str, ...]:
+    if isinstance(printed, PrintedValues):
+        return tuple(tensor_text(*printed).splitlines())
+    return printed
+
+
+def _printable_from_values(tensor: torch.Tensor, options: PrintOptions) -> bool:
+    """True when torch would print ``tensor`` as a plain dense CPU tensor: no device, grad, layout or wrapper suffix
+    and nothing torch's printer resolves first (negative or zero views, functorch or forward-AD wrappers)."""
+    return (
+        type(tensor) is torch.Tensor
+        and tensor.dtype in _TEXT_DTYPES
+        and tensor.is_cpu
+        and not tensor.requires_grad
+        and tensor.layout == torch.strided
+        and not tensor.is_nested
+        and tensor.numel() > 0
+        and options[2] > 0
+        and not tensor.is_neg()
+        and not tensor._is_zerotensor()
+        and not torch._C._functorch.is_functorch_wrapped_tensor(tensor)
+        and not torch._is_functional_tensor(tensor)
+        and torch.autograd.forward_ad._current_level < 0
+        and torch._C._get_default_device() == "cpu"
+    )
+
+
+def _values(tensor: torch.Tensor, options: PrintOptions) -> PrintedValues:
+    shape = tuple(tensor.shape)
+    sizes, cuts = shown_sizes(shape, options)
+    printed = _gather(tensor, shape, cuts, options[2]) if True in cuts else tensor.reshape(-1)
+    dtype = tensor.dtype
+    suffixes = () if dtype in (torch.get_default_dtype(), torch.int64, torch.bool) else (f"dtype={dtype}",)
+    return PrintedValues(printed.tolist(), shape, dtype.is_floating_point, suffixes, options)
+
+
+def _gather(tensor: torch.Tensor, shape: tuple[int, ...], cuts: tuple[bool, ...], edgeitems: int) -> torch.Tensor:
+    """The printed entries of a summarised tensor, in row-major order, with one indexing operation."""
+    stride = tensor.stride()
+    key = (shape, stride, edgeitems)
+    cached = _gather_offsets.get(key)
+    if cached is None:
+        if len(_gather_offsets) >= _CACHE_LIMIT:
+            _gather_offsets.clear()
+        flat = [0]
+        for size, step, cut in zip(shape, stride, cuts):
+            kept = [*range(edgeitems), *range(size - edgeitems, size)] if cut else range(size)
+            flat = [base + i * step for base in flat for i in kept]
+        # strides are never negative, so the last entry lies furthest into the storage
+        cached = _gather_offsets[key] = (torch.tensor(flat, dtype=torch.int64), flat[-1] + 1)
+    offsets, span = cached
+    return tensor.as_strided((span,), (1,))[offsets]

@@ -1,0 +1,97 @@
+"""Tensor reprs rebuilt from the printed values: identical to torch's printer for every case it serves."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from torch._tensor_str import PRINT_OPTS
+
+from graphtrace.io.tensor_repr import _printable_from_values, repr_lines
+from graphtrace.reprs import SPEC_LINEWIDTH, spec_printoptions
+
+SHAPES = [(), (1,), (6,), (7,), (1, 16, 64), (2, 3, 4, 5), (1000,), (1001,), (3, 400), (6, 6, 6, 6), (7, 7, 7),
+          (1, 4, 16, 16), (2, 1, 3), (1, 1, 1, 1, 1200), (33, 31), (1, 16, 32)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int8,
+          torch.uint8, torch.bool]
+
+
+def _torchs(t: torch.Tensor) -> tuple[str, ...]:
+    with spec_printoptions(SPEC_LINEWIDTH):
+        return tuple(repr(t).splitlines())
+
+
+def _values(shape: tuple[int, ...], kind: str, scale: float, rng: random.Random) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(rng.randrange(2**31))
+    if kind == "normal":
+        return torch.randn(shape, generator=generator, dtype=torch.float64) * scale
+    if kind == "positive":
+        return torch.rand(shape, generator=generator, dtype=torch.float64) * scale
+    if kind == "integers":
+        return torch.randint(-50, 50, shape, generator=generator).double()
+    if kind == "zeros":
+        return torch.zeros(shape, dtype=torch.float64)
+    t = torch.randn(shape, generator=generator, dtype=torch.float64) * scale  # with special values
+    flat = t.view(-1)
+    for _ in range(min(4, flat.numel())):
+        flat[rng.randrange(flat.numel())] = rng.choice([math.nan, math.inf, -math.inf, -0.0, 0.0])
+    return t
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if dtype == torch.bool:
+        return t > 0
+    if dtype.is_floating_point:
+        return t.to(dtype)
+    info = torch.iinfo(dtype)
+    return torch.nan_to_num(t, posinf=0, neginf=0).clamp(info.min, info.max).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_equal_to_torchs_printer(dtype: torch.dtype) -> None:
+    rng = random.Random(str(dtype))
+    for shape in SHAPES:
+        for kind in ("normal", "positive", "integers", "zeros", "special"):
+            for scale in (1e-30, 1e-5, 1.0, 7.0, 3e4, 1e200):
+                t = _cast(_values(shape, kind, scale, rng), dtype)
+                views = [t]
+                if t.dim() >= 2:
+                    views += [t.transpose(0, -1), t[..., ::2]]
+                if t.numel() < 500:
+                    views.append(t.expand(2, *t.shape))
+                for view in views:
+                    if view.numel():
+                        assert repr_lines(view) == _torchs(view), (shape, kind, scale, dtype)
+
+
+def test_other_print_options_are_followed() -> None:
+    t = torch.randn(5, 300, generator=torch.Generator().manual_seed(0))
+    saved = dict(vars(PRINT_OPTS))
+    try:
+        for options in ({"precision": 2}, {"threshold": 50}, {"edgeitems": 1}, {"precision": 7, "threshold": 10**9}):
+            torch.set_printoptions(**options)
+            assert repr_lines(t) == _torchs(t), options
+    finally:
+        for key, value in saved.items():
+            setattr(PRINT_OPTS, key, value)
+
+
+def test_unusual_tensors_go_to_torchs_printer() -> None:
+    options = (4, 1000, 3, 120)
+    plain = torch.ones(3)
+    assert _printable_from_values(plain, options)
+    unusual = [
+        torch.ones(3, requires_grad=True),
+        torch.nn.Parameter(torch.ones(3)),
+        torch.ones(3, dtype=torch.complex64),
+        torch.ones(3).to_sparse(),
+        torch.ones(3, device="meta"),
+        torch.ones(3, dtype=torch.float8_e4m3fn),
+        torch.empty(0),
+    ]
+    for t in unusual:
+        assert not _printable_from_values(t, options), t.dtype
+    for t in unusual[:4]:
+        assert repr_lines(t) == _torchs(t)
