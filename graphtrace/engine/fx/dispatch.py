@@ -4,8 +4,11 @@ its module's graph.
 Every module's ``forward`` is replaced (through the :class:`~graphtrace.engine.eager.PatchLedger`) by a forward that
 reports the call to the recorder exactly as the eager engine does -- same events, same arguments, same grad mode,
 hooks untouched -- and runs the module's own forward. Beside it, the module's graph for this call's signature
-(traced on first sight, cached per module and signature) is replayed in lockstep
-(:class:`~graphtrace.engine.fx.replay.Replay`). When the replay matches the real call bit for bit, the call is
+(traced on first sight, cached per module key and signature in the model's
+:class:`~graphtrace.engine.fx.plans.PlanStore`, across captures and identical instances) is replayed in lockstep
+(:class:`~graphtrace.engine.fx.replay.Replay`) the first time the plan is used in a capture; later calls of a plan
+verified in this capture are checked structurally (:class:`~graphtrace.engine.fx.structural.StructuralReplay`)
+unless ops are recorded. When the replay matches the real call bit for bit, the call is
 recorded as served by fx (``strategy="fx"``) with the graph's data flow and, with ``ops``, its op records. When the
 module cannot be traced, or its graph deviates once, that module and signature keep eager capture, and the reason
 goes into the trace's fallbacks.
@@ -22,36 +25,43 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from graphtrace.engine.eager import PatchLedger, is_leaf, module_paths
+from graphtrace.engine.fx.plans import PLANS_PER_MODULE, PlanStore, module_keys, store_for
 from graphtrace.engine.fx.replay import Replay
 from graphtrace.engine.fx.signature import CONSTANT, Signature, signature
+from graphtrace.engine.fx.structural import StructuralReplay
 from graphtrace.engine.fx.tracer import Plan, TraceContext, describe_error, trace_module
 from graphtrace.engine.recorder import Frame, Recorder
 
 __all__ = ["PLANS_PER_MODULE", "FxEngine", "attach_fx"]
 
-PLANS_PER_MODULE = 8
-"""Plans kept per module, oldest dropped first: a plan holds the constants its trace created (a causal mask of the
-sequence's length), and shape-specialised plans of a growing sequence are never needed again."""
-
-
 class FxEngine:
-    """The state of fx capture for one model: plans per module and signature, the replays in progress, and the
-    fallbacks (module path -> reason)."""
+    """The state of fx capture for one model: the plan store and the module keys, the plans verified in this
+    capture, the replays in progress, and the fallbacks (module path -> reason)."""
 
-    def __init__(self, recorder: Recorder, ops: bool, module_paths: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        recorder: Recorder,
+        ops: bool,
+        module_paths: frozenset[str] = frozenset(),
+        store: PlanStore | None = None,
+        keys: dict[int, Hashable | None] | None = None,
+    ) -> None:
         self.recorder = recorder
         self.ops = ops
         self.module_paths = module_paths
         self.fallbacks: dict[str, str] = {}
-        self._plans: dict[int, dict[Hashable, Plan | str]] = {}
+        self._store = store if store is not None else PlanStore()
+        self._keys = keys if keys is not None else {}
+        self._local: dict[Hashable, dict[Hashable, Plan | str]] = {}  # modules without a key: this capture only
+        self._failed: dict[tuple[Hashable, Hashable], str] = {}  # replays that deviated in this capture
+        self._verified: dict[int, Plan] = {}  # plans replayed bit for bit in this capture
         self._forwards: dict[int, Callable[..., Any]] = {}
-        self._replays: list[Replay | None] = []
+        self._replays: list[Replay | StructuralReplay | None] = []
         self._tracing = 0
         self._op_prefixes: dict[str, str] = {}
-        self._context = TraceContext(FakeTensorMode(allow_non_fake_inputs=False), self.plan_for)
+        self._context = TraceContext(self._store.fake_mode, self.plan_for)
 
     def wrap(
         self, module: nn.Module, path: str, forward: Callable[..., Any], *, root: bool, no_grad: bool
@@ -105,8 +115,17 @@ class FxEngine:
         """The plan of ``module`` for a call with these arguments (traced on first sight), or why there is none."""
         return self._plan(module, signature(module, args, kwargs))
 
+    def _cache_key(self, module: nn.Module) -> Hashable:
+        key = self._keys.get(id(module))
+        return key if key is not None else ("instance", id(module))
+
     def _plan(self, module: nn.Module, call: Signature) -> Plan | str:
-        plans = self._plans.setdefault(id(module), {})
+        module_key = self._cache_key(module)
+        failure = self._failed.get((module_key, call.key))
+        if failure is not None:
+            return failure
+        shared = self._keys.get(id(module)) is not None
+        plans = (self._store.plans if shared else self._local).setdefault(module_key, {})
         plan = plans.get(call.key)
         if plan is None:
             forward = self._forwards.get(id(module))
@@ -119,6 +138,8 @@ class FxEngine:
                 self._tracing -= 1
             if len(plans) >= PLANS_PER_MODULE:  # shapes that change every call (generate without a cache)
                 del plans[next(iter(plans))]
+            if shared and isinstance(plan, Plan):
+                plan = self._store.canonical(module, call.key, plan)
             plans[call.key] = plan
         return plan
 
@@ -137,6 +158,8 @@ class FxEngine:
             self.fallbacks.setdefault(path, plan)
             return None, call.key
         inputs = [leaf for leaf, kind in zip(call.leaves, call.kinds) if kind != CONSTANT]
+        if not self.ops and id(plan) in self._verified:
+            return StructuralReplay(module, plan, inputs, self.recorder, frame), call.key
         ops_path = self._ops_path(path) if self.ops else None
         return Replay(module, plan, inputs, self.recorder, frame, ops_path), call.key
 
@@ -151,13 +174,16 @@ class FxEngine:
             self._op_prefixes[path] = prefix
         return prefix
 
-    def _settle(self, replay: Replay, module: nn.Module, key: Hashable, path: str, output: Any) -> None:
+    def _settle(
+        self, replay: Replay | StructuralReplay, module: nn.Module, key: Hashable, path: str, output: Any
+    ) -> None:
         if replay.finish(output):
             replay.frame.strategy = "fx"
+            self._verified[id(replay.plan)] = replay.plan
             return
         assert replay.failure is not None
-        # A graph that deviated once is not trusted again for this module and signature.
-        self._plans[id(module)][key] = replay.failure
+        # A graph that deviated once is not trusted again in this capture, for this module and its identical twins.
+        self._failed[(self._cache_key(module), key)] = replay.failure
         self.fallbacks.setdefault(path, replay.failure)
 
 
@@ -167,7 +193,10 @@ def attach_fx(
     """Install the fx engine's forwards on ``model`` and every submodule; returns the fallbacks, filled as the
     model runs."""
     paths = list(module_paths(model))
-    engine = FxEngine(recorder, ops, frozenset(path for path, _ in paths))
+    keys = module_keys(model)  # before any forward is patched
+    store = store_for(model)
+    store.keep_only({key for key in keys.values() if key is not None})
+    engine = FxEngine(recorder, ops, frozenset(path for path, _ in paths), store, keys)
     for path, module in paths:
         is_root = module is model
         wrapper = engine.wrap(

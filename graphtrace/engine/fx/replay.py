@@ -40,7 +40,7 @@ from graphtrace.engine.fx.tracer import (
 )
 from graphtrace.engine.recorder import Frame, Recorder
 
-__all__ = ["Replay"]
+__all__ = ["Replay", "nonconforming", "add_flows"]
 
 _NOT_RECORDED_METHODS = METADATA_METHODS | {"storage_offset", "data_ptr", "item", "tolist", "type"}
 _TENSOR_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "real", "imag", "data"})
@@ -182,12 +182,7 @@ class Replay(fx.Interpreter):
             self._fail(f"Mismatch: the output: {found}")
             return False
         self._steps.close()
-        children = self.frame.children
-        for position, flow in self._child_flows:
-            child = children[position]
-            extra = tuple(source for source in flow if source not in child.inputs_from)
-            if extra:
-                children[position] = dataclasses.replace(child, inputs_from=child.inputs_from + extra)
+        add_flows(self.frame, self._child_flows)
         return True
 
     def _fail(self, reason: str) -> None:
@@ -239,7 +234,7 @@ class Replay(fx.Interpreter):
             elif op == "call_module":
                 args, kwargs = self.fetch_args_kwargs_from_env(node)
                 value = yield _Call(node, self.fetch_attr(node.target), args, kwargs)
-                found = _nonconforming(node.meta.get(META, UNKNOWN), value)
+                found = nonconforming(node.meta.get(META, UNKNOWN), value)
                 if found is not None:
                     raise Mismatch(f"{node.target} returned {found} than the graph was traced with")
             elif op == "output":
@@ -282,6 +277,17 @@ class Replay(fx.Interpreter):
         return value
 
 
+def add_flows(frame: Frame, flows: Iterable[tuple[int, tuple[str, ...]]]) -> None:
+    """A verified graph's data flow into each child call of ``frame`` (by position among its children), added to
+    what eager capture saw."""
+    children = frame.children
+    for position, flow in flows:
+        child = children[position]
+        extra = tuple(source for source in flow if source not in child.inputs_from)
+        if extra:
+            children[position] = dataclasses.replace(child, inputs_from=child.inputs_from + extra)
+
+
 def _reads_from(node: fx.Node, external: set[fx.Node]) -> bool:
     """An attribute or item read out of a value the real call can see (``past_key_values.layers[0].keys``, a child's
     output tuple): what it returns is not the replay's own either."""
@@ -302,7 +308,7 @@ def _computes_tensor(node: fx.Node, args: tuple[Any, ...]) -> bool:
     return target not in METADATA_FUNCTIONS
 
 
-def _nonconforming(expected: Any, actual: Any) -> str | None:
+def nonconforming(expected: Any, actual: Any) -> str | None:
     """How a child's real output differs from the trace-time value the graph was built on (its structure, its
     constants, its tensors' shapes and dtypes), or None."""
     if expected is UNKNOWN:

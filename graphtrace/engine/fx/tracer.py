@@ -41,6 +41,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.node import map_aggregate
 from torch.utils._python_dispatch import _disable_current_modes
 
+from graphtrace.engine.fx.flow import ChildCall, child_calls
 from graphtrace.engine.fx.guard import TraceGuard, dispatches_itself
 from graphtrace.engine.fx.signature import CONSTANT, TENSOR, Signature, is_constant, leaf_kind
 from graphtrace.engine.fx.snapshot import restore, snapshot
@@ -99,7 +100,8 @@ UNKNOWN = _Unknown()
 class Plan:
     """A module's graph for one signature: placeholders in the order of the call's non-constant leaves, tensor
     constants the trace created, the structure that rebuilds the forward's output from the graph's flat output
-    tuple, and that output's trace-time value (what a parent's trace learns about this module's output)."""
+    tuple, and that output's trace-time value (what a parent's trace learns about this module's output); its
+    child calls with their static data flow (what a structural replay checks and reports)."""
 
     graph: fx.Graph
     constants: Mapping[str, torch.Tensor]
@@ -107,6 +109,7 @@ class Plan:
     output_meta: Any
     last_uses: Mapping[fx.Node, tuple[fx.Node, ...]]
     own_ops: int
+    calls: tuple[ChildCall, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,4 +502,6 @@ def trace_module(module: nn.Module, forward: Callable[..., Any], call: Signature
         1 for node in graph.nodes
         if node.op in ("call_function", "call_method") and node.target not in STRUCTURAL_OPS
     )
-    return Plan(graph, tracer.constants, tracer.output, tracer.output_meta, _last_uses(graph), own_ops)
+    return Plan(
+        graph, tracer.constants, tracer.output, tracer.output_meta, _last_uses(graph), own_ops, child_calls(graph)
+    )
