@@ -207,3 +207,21 @@ def test_an_attribute_the_graph_never_uses_costs_a_trace_but_not_a_replay(
     assert [module for module in traced if isinstance(module, Scaled)] == layers
     assert [module for module in replayed if isinstance(module, Scaled)] == layers[:1]  # one graph, verified once
     assert all(node.strategy == "fx" for node in trace.walk())
+
+
+def test_a_leaf_verified_in_one_capture_is_checked_structurally_in_the_next(replayed: list[nn.Module]) -> None:
+    model = Stack(Scaled(2.0), Scaled(2.0))
+    x = torch.randn(2, 4)
+    graphtrace.capture(model, x, values="none")
+    assert [m for m in replayed if isinstance(m, nn.Linear)] == [model.layers[0].proj]
+    replayed.clear()
+    trace = graphtrace.capture(model, x, values="none")
+    # leaves have no data flow to learn: proven once, they cost no second computation in later captures;
+    # modules with children are still verified bit for bit once per capture
+    assert not [m for m in replayed if isinstance(m, nn.Linear)]
+    assert [m for m in replayed if isinstance(m, Scaled)] == [model.layers[0]]
+    assert all(node.strategy == "fx" for node in trace.walk())
+    model.layers[1].proj.weight.data = model.layers[1].proj.weight.data.double()  # another dtype: another key
+    replayed.clear()
+    graphtrace.capture(model.double(), x.double(), values="none")
+    assert model.layers[0].proj in replayed

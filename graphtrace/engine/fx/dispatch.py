@@ -158,7 +158,7 @@ class FxEngine:
             self.fallbacks.setdefault(path, plan)
             return None, call.key
         inputs = [leaf for leaf, kind in zip(call.leaves, call.kinds) if kind != CONSTANT]
-        if not self.ops and id(plan) in self._verified:
+        if not self.ops and (id(plan) in self._verified or (frame.leaf and id(plan) in self._store.proven_leaves)):
             return StructuralReplay(module, plan, inputs, self.recorder, frame), call.key
         ops_path = self._ops_path(path) if self.ops else None
         return Replay(module, plan, inputs, self.recorder, frame, ops_path), call.key
@@ -180,6 +180,8 @@ class FxEngine:
         if replay.finish(output):
             replay.frame.strategy = "fx"
             self._verified[id(replay.plan)] = replay.plan
+            if replay.frame.leaf and not isinstance(replay, StructuralReplay) and self._keys.get(id(module)) is not None:
+                self._store.proven_leaves[id(replay.plan)] = replay.plan
             return
         assert replay.failure is not None
         # A graph that deviated once is not trusted again in this capture, for this module and its identical twins.

@@ -162,6 +162,9 @@ class PlanStore:
     def __init__(self) -> None:
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
         self.plans: dict[Hashable, dict[Hashable, Plan | str]] = {}
+        # Leaf plans replayed bit for bit in an earlier capture: a leaf has no data flow to learn, so later captures
+        # check its calls structurally (by id; the plan is held here, so the id stays its own).
+        self.proven_leaves: dict[int, Plan] = {}
         self._by_graph: dict[Hashable, list[Plan]] = {}
 
     def keep_only(self, keys: set[Hashable]) -> None:
@@ -169,6 +172,7 @@ class PlanStore:
         for key in [key for key in self.plans if key not in keys]:
             del self.plans[key]
         kept = {id(plan) for plans in self.plans.values() for plan in plans.values()}
+        self.proven_leaves = {key: plan for key, plan in self.proven_leaves.items() if key in kept}
         for fingerprint, plans in list(self._by_graph.items()):
             plans[:] = [plan for plan in plans if id(plan) in kept]
             if not plans:
