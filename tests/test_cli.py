@@ -50,3 +50,18 @@ def test_capture_a_model_from_a_factory_file(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out" / "Sequential_debug_tree_SUMMARY.json").is_file()
     assert (tmp_path / "out" / "Sequential.0_outputs.safetensors").is_file()
+
+
+def test_capture_ranks_option(tmp_path: Path) -> None:
+    (tmp_path / "factory.py").write_text(
+        "import torch\n"
+        "def build():\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(3, 2)), torch.ones(1, 3)\n"
+    )
+    result = graphtrace("capture", "factory.py:build", "-o", "out", "--ranks", "all", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out" / "rank_0" / "Sequential_debug_tree_SUMMARY.json").is_file()  # one folder per rank
+    bad = graphtrace("capture", "factory.py:build", "-o", "out2", "--ranks", "first", cwd=tmp_path)
+    assert bad.returncode == 2 and "'first' is not a rank" in bad.stderr
+    outside = graphtrace("capture", "factory.py:build", "-o", "out3", "--ranks", "0,1", cwd=tmp_path)
+    assert outside.returncode == 2 and "names rank 1" in outside.stderr and not (tmp_path / "out3").exists()

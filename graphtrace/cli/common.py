@@ -39,6 +39,29 @@ def add_capture_options(parser: argparse.ArgumentParser) -> None:
         help="capture through torch.fx where trustworthy (auto), fx only, or forward wrapping only",
     )
     parser.add_argument("--ops", action="store_true", help="also record functional ops inside fx-traced modules")
+    parser.add_argument(
+        "--ranks",
+        type=parse_ranks,
+        default=0,
+        metavar="RANKS",
+        help="in a torch.distributed job (torchrun; your factory initializes the process group): the rank that "
+        "records (default 0), 'all', or a comma-separated list such as 0,1; several ranks write OUTPUT/rank_{r}/",
+    )
+
+
+def parse_ranks(text: str) -> int | str | list[int]:
+    """``--ranks``: ``"0"`` -> 0, ``"all"`` -> "all", ``"0,1"`` -> [0, 1] (checked against the job by capture)."""
+    if text.strip() == "all":
+        return "all"
+    try:
+        ranks = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a rank, a comma-separated list of ranks or 'all' (e.g. --ranks 0, --ranks 0,1)"
+        ) from None
+    if any(rank < 0 for rank in ranks):
+        raise argparse.ArgumentTypeError(f"{text!r}: ranks are numbered from 0")
+    return ranks[0] if len(ranks) == 1 and "," not in text else ranks
 
 
 def capture_options(args: argparse.Namespace) -> dict[str, object]:
@@ -50,6 +73,7 @@ def capture_options(args: argparse.Namespace) -> dict[str, object]:
         "prune_layers": args.prune_layers,
         "strategy": args.strategy,
         "ops": args.ops,
+        "ranks": args.ranks,
     }
 
 
@@ -99,6 +123,9 @@ def describe_files(directory: Path) -> str:
         role = next((text for suffix, text in _FILE_ROLES.items() if path.name.endswith(suffix)), None)
         if role is not None:
             lines.append(f"  {path.name:<48} {_size(path):>9}  {role}")
+    ranks = sorted(path.name for path in directory.glob("rank_*") if path.is_dir())
+    if ranks:
+        lines.append(f"  {', '.join(name + '/' for name in ranks):<48} {'':>9}  one trace per recording rank")
     steps = sorted(directory.glob("step_*"), key=lambda path: int(path.name.removeprefix("step_")))
     if steps:
         folders = f"{steps[0].name}/ ... {steps[-1].name}/"
