@@ -52,7 +52,7 @@ def row(name: str, *, no_cache: bool, repeat: int) -> str:
     coverage = graphtrace.capture(model, inputs).coverage()
     return (
         f"| {name} | {coverage.module_calls} | {coverage.fx} ({coverage.fraction:.0%}) | {_reasons(dict(coverage.eager))} "
-        f"| {eager:.2f} | {auto:.2f} | {auto / eager:.1f}× |"
+        f"| {eager * 1000:.1f} | {auto * 1000:.1f} | {auto / eager:.1f}× |"
     )
 
 
@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="captures per strategy; the best time counts")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print("| model | module calls | served by fx | eager: calls × reason | eager (s) | auto (s) | auto / eager |")
+    print("| model | module calls | served by fx | eager: calls × reason | eager (ms) | auto (ms) | auto / eager |")
     print("|---|---:|---:|---|---:|---:|---:|")
     for name in args.models:
         print(row(name, no_cache=args.no_cache, repeat=args.repeat), flush=True)
