@@ -122,8 +122,8 @@ def spec_texts(step: CallNode, *, include_ops: bool = False) -> tuple[str, str]:
     writer.node(step, 0, True)
     chunks = writer.chunks
     full = "".join(chunks)
-    for start, end in reversed(writer.values):
-        del chunks[start:end]
+    for start, end in writer.values:  # blanked in place: deleting slices would shift the rest each time
+        chunks[start:end] = [""] * (end - start)
     return full, "".join(chunks)
 
 

@@ -85,7 +85,7 @@ def _printable_from_values(tensor: torch.Tensor, options: PrintOptions) -> bool:
 
 def _values(tensor: torch.Tensor, options: PrintOptions) -> PrintedValues:
     shape = tuple(tensor.shape)
-    sizes, cuts = shown_sizes(shape, options)
+    _, cuts = shown_sizes(shape, options)
     printed = _gather(tensor, shape, cuts, options[2]) if True in cuts else tensor.reshape(-1)
     dtype = tensor.dtype
     suffixes = () if dtype in (torch.get_default_dtype(), torch.int64, torch.bool) else (f"dtype={dtype}",)
