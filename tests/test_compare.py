@@ -88,6 +88,26 @@ def test_identical_traces_are_equal(traces: Callable[..., Path]) -> None:
     assert "EQUAL: all 45 matched calls agree within tolerance" in result.table()
 
 
+def test_bundles_are_compared_on_full_values_with_each_shard_opened_once(
+    traces: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import safetensors
+
+    opened: list[str] = []
+    real_open = safetensors.safe_open
+
+    def counting_open(path: str, *args: object, **kwargs: object) -> object:
+        opened.append(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors, "safe_open", counting_open)
+    result = graphtrace.compare(traces("original", "bundle"), traces("down_proj", "bundle"))
+    first = result.first_divergence
+    assert first is not None and first.a.id == f"{LLAMA}.model.layers.1.mlp.down_proj@0"
+    assert first.outputs[0].basis == "values" and first.outputs[0].outside > 0
+    assert len(opened) == len(set(opened)) == 2  # one shard per trace, opened once for all its tensors
+
+
 def test_statistics_alone_find_the_same_culprit(traces: Callable[..., Path]) -> None:
     result = graphtrace.compare(traces("original", "none"), traces("down_proj", "none"))
     first = result.first_divergence

@@ -22,7 +22,7 @@ from typing import get_args
 from graphtrace.compare.align import AlignMode, align_calls, returned_order
 from graphtrace.compare.measure import TensorDiff, Tolerance
 from graphtrace.compare.nonfinite import first_nonfinite
-from graphtrace.compare.pairs import CallDiff, diff_call
+from graphtrace.compare.pairs import CallDiff, StoredValues, diff_call
 from graphtrace.compare.report import Comparison, Unmatched
 from graphtrace.compare.rules import RenameRule, parse_rules
 from graphtrace.errors import InvalidOptionError
@@ -131,10 +131,10 @@ def compare(
             continue
         root_a, root_b = trace_a.steps[step_a], trace_b.steps[step_b]
         alignment = align_calls(root_a, root_b, rules=compiled, mode=align, tolerance=tolerance, used_rules=used)
-        dirs = (_step_dir(trace_a, step_a), _step_dir(trace_b, step_b))
+        stored = StoredValues(_step_dir(trace_a, step_a), _step_dir(trace_b, step_b))
         order = {id(node): k for k, node in enumerate(returned_order(root_a))}
         matches = sorted(alignment.matches, key=lambda match: order[id(match.a)])
-        calls += [diff_call(step_a, match, tolerance, dirs) for match in matches]
+        calls += [diff_call(step_a, match, tolerance, stored) for match in matches]
         only_a += [Unmatched(step_a, node) for node in alignment.only_a]
         only_b += [Unmatched(step_b, node) for node in alignment.only_b]
     return Comparison(

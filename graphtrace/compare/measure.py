@@ -224,14 +224,15 @@ def _from_values(ta: Any, tb: Any, base: dict[str, Any]) -> TensorDiff:
     outside = int((~within).sum().item())
     # over the elements finite in both; elementwise products and sums only (BLAS dot and boolean indexing stall
     # on a busy machine's thread pool)
-    fa, fb = a.masked_fill(~finite, 0.0), b.masked_fill(~finite, 0.0)
-    norms = math.sqrt(float((fa * fa).sum().item())) * math.sqrt(float((fb * fb).sum().item()))
     if not bool(diff.any().item()):
-        cosine = 1.0  # identical: exactly 1, not 1 up to rounding
-    elif norms > 0:
-        cosine = max(-1.0, min(1.0, float((fa * fb).sum().item()) / norms))
+        cosine = 1.0  # identical (the common case): exactly 1, not 1 up to rounding, and no norms to compute
     else:
-        cosine = 1.0 if bool((fa == fb).all().item()) else 0.0
+        fa, fb = a.masked_fill(~finite, 0.0), b.masked_fill(~finite, 0.0)
+        norms = math.sqrt(float((fa * fa).sum().item())) * math.sqrt(float((fb * fb).sum().item()))
+        if norms > 0:
+            cosine = max(-1.0, min(1.0, float((fa * fb).sum().item()) / norms))
+        else:
+            cosine = 1.0 if bool((fa == fb).all().item()) else 0.0
     max_abs = float(diff.max().item()) if diff.numel() else 0.0
     max_rel = float(rel.max().item()) if rel.numel() else 0.0
     status: Status = "equal" if outside == 0 else "diverged"

@@ -19,7 +19,7 @@ from graphtrace.compare.measure import Status, TensorDiff, Tolerance, measure
 from graphtrace.errors import TraceFormatError
 from graphtrace.model import CallNode, TensorRecord
 
-__all__ = ["CallDiff", "diff_call"]
+__all__ = ["CallDiff", "StoredValues", "diff_call"]
 
 Named = tuple[str, TensorRecord]
 
@@ -102,30 +102,43 @@ def _pair(
     return pairs, [name for name, _ in unpaired_a[left:]], [name for name, _ in rest_b[left:]]
 
 
-def _load(directory: Path, record: TensorRecord, where: str) -> Any:
-    from graphtrace.io.tensors import load_tensor  # imports torch: only when full values are compared
+class StoredValues:
+    """Where each trace's full values of one step live, read on demand: torch is imported only when a value is read,
+    and a bundle shard is opened once for all the tensors it holds."""
 
-    assert record.file is not None
-    try:
-        return load_tensor(directory, record.file)
-    except Exception as exc:
-        raise TraceFormatError(
-            f"trace {where} refers to {record.file}, which cannot be read from {directory} "
-            f"({type(exc).__name__}: {exc}). Copy the trace directory with all its .safetensors files."
-        ) from exc
+    def __init__(self, dir_a: Path | None, dir_b: Path | None) -> None:
+        self.dirs = (dir_a, dir_b)
+        self._files: list[Any] = [None, None]
+
+    def both(self, a: TensorRecord, b: TensorRecord) -> tuple[Any, Any] | None:
+        """The values of ``a`` (trace A) and ``b`` (trace B), or None when either has no file."""
+        if self.dirs[0] is None or self.dirs[1] is None or not a.file or not b.file:
+            return None
+        return self._load(0, a, "A"), self._load(1, b, "B")
+
+    def _load(self, side: int, record: TensorRecord, where: str) -> Any:
+        directory = self.dirs[side]
+        assert directory is not None and record.file is not None
+        try:
+            files = self._files[side]
+            if files is None:
+                from graphtrace.io.tensors import TensorFiles  # imports torch: only when full values are compared
+
+                files = self._files[side] = TensorFiles(directory)
+            return files.load(record.file)
+        except Exception as exc:
+            raise TraceFormatError(
+                f"trace {where} refers to {record.file}, which cannot be read from {directory} "
+                f"({type(exc).__name__}: {exc}). Copy the trace directory with all its .safetensors files."
+            ) from exc
 
 
 def _measure_pairs(
-    prefix: str,
-    pairs: list[tuple[Named, Named]],
-    tolerance: Tolerance,
-    dirs: tuple[Path | None, Path | None],
+    prefix: str, pairs: list[tuple[Named, Named]], tolerance: Tolerance, stored: StoredValues
 ) -> tuple[TensorDiff, ...]:
     diffs = []
     for (name_a, a), (name_b, b) in pairs:
-        values = None
-        if dirs[0] is not None and dirs[1] is not None and a.file and b.file and a.shape == b.shape:
-            values = (_load(dirs[0], a, "A"), _load(dirs[1], b, "B"))
+        values = stored.both(a, b) if a.shape == b.shape else None
         diffs.append(measure(prefix + name_a, a, prefix + name_b, b, tolerance, values))
     return tuple(diffs)
 
@@ -140,10 +153,8 @@ def _error(a: CallNode, b: CallNode) -> str | None:
     return f"A raised {a.error}; B raised {b.error}"
 
 
-def diff_call(
-    step: int, match: Match, tolerance: Tolerance, dirs: tuple[Path | None, Path | None]
-) -> CallDiff:
-    """Compare the inputs and outputs of one matched pair; ``dirs`` are where each trace's files live."""
+def diff_call(step: int, match: Match, tolerance: Tolerance, stored: StoredValues) -> CallDiff:
+    """Compare the inputs and outputs of one matched pair; ``stored`` reads the traces' full values."""
     a, b = match.a, match.b
     in_pairs, in_a, in_b = _pair(a.input_tensors(), b.input_tensors(), any_shape=False)
     out_pairs, out_a, out_b = _pair(a.output_tensors(), b.output_tensors(), any_shape=True)
@@ -152,8 +163,8 @@ def diff_call(
         a=a,
         b=b,
         how=match.how,
-        inputs=_measure_pairs("inputs", in_pairs, tolerance, dirs),
-        outputs=_measure_pairs("outputs", out_pairs, tolerance, dirs),
+        inputs=_measure_pairs("inputs", in_pairs, tolerance, stored),
+        outputs=_measure_pairs("outputs", out_pairs, tolerance, stored),
         only_in_a=tuple([f"inputs{n}" for n in in_a] + [f"outputs{n}" for n in out_a]),
         only_in_b=tuple([f"inputs{n}" for n in in_b] + [f"outputs{n}" for n in out_b]),
         error=_error(a, b),

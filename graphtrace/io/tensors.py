@@ -16,6 +16,7 @@ import os
 import shutil
 import weakref
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -26,7 +27,7 @@ from graphtrace.io.safetensors_format import DTYPE_NAMES, bundle_header, single_
 from graphtrace.io.tensor_repr import PrintedValues, lines_of, printed_values, repr_lines
 from graphtrace.reprs import SPEC_LINEWIDTH
 
-__all__ = ["BUNDLE_SUFFIX", "BundleSink", "ReprSink", "SafetensorsSink", "load_tensor", "repr_lines"]
+__all__ = ["BUNDLE_SUFFIX", "BundleSink", "ReprSink", "SafetensorsSink", "TensorFiles", "load_tensor", "repr_lines"]
 
 
 class ReprSink:
@@ -256,7 +257,6 @@ class BundleSink(_FileSink):
         self._offset += nbytes
         self._entries.append((key, dtype, shape, start, self._offset))
         self._header_length += entry
-        self._weight_map[key] = self._shards[-1]
         return self._fd, self.header_bytes + start
 
     def _open_shard(self) -> None:
@@ -302,6 +302,7 @@ class BundleSink(_FileSink):
         nbytes = data.numel() * data.element_size()
         fd, at = self._append(name, dtype, tuple(data.shape), nbytes)
         target = self.directory / self._shards[-1]
+        self._weight_map[name] = self._shards[-1]  # padding stays out of the index: it holds no tensor
 
         def write() -> None:
             try:
@@ -328,12 +329,26 @@ class BundleSink(_FileSink):
                 raise _output_error(path, exc) from exc
         self._shards, self._weight_map = [], {}
 
-    def discard(self, file: str) -> None:
-        """Remove a file :meth:`store` wrote into the current directory (``file`` as :meth:`store` returned it)."""
-        target = self.directory / file
-        target.unlink(missing_ok=True)
-        if target in self.written:
-            self.written.remove(target)
+
+class TensorFiles:
+    """Reads the tensors records name in one trace directory, keeping each bundle shard open: a bundle's header is
+    parsed once, not once per tensor (the handles close when the reader is released)."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self._shards: dict[str, Any] = {}
+
+    def load(self, file: str) -> torch.Tensor:
+        """The tensor ``file`` names, as :func:`load_tensor` reads it."""
+        from safetensors import safe_open
+
+        path, key = split_reference(file)
+        if key is None:
+            return load_tensor(self.directory, file)
+        handle = self._shards.get(path)
+        if handle is None:
+            handle = self._shards[path] = safe_open(str(self.directory / path), framework="pt")
+        return handle.get_tensor(key)
 
 
 def load_tensor(directory: str | os.PathLike[str], file: str) -> torch.Tensor:
