@@ -16,7 +16,7 @@ from torch import nn
 
 from graphtrace.engine.recorder import Recorder
 
-__all__ = ["PatchLedger", "attach_eager", "module_paths"]
+__all__ = ["PatchLedger", "attach_eager", "module_paths", "without_grad"]
 
 _MISSING = object()
 
@@ -59,6 +59,22 @@ def is_leaf(module: nn.Module) -> bool:
     return next(iter(module.children()), None) is None
 
 
+def without_grad(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``forward`` run under no_grad, the caller's grad mode restored after: what ``torch.no_grad()`` does, without
+    a context manager object per module call."""
+    set_grad_enabled, is_grad_enabled = torch._C._set_grad_enabled, torch.is_grad_enabled
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        mode = is_grad_enabled()
+        set_grad_enabled(False)
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            set_grad_enabled(mode)
+
+    return run
+
+
 def make_wrapper(
     recorder: Recorder,
     module: nn.Module,
@@ -76,25 +92,17 @@ def make_wrapper(
     type_name = type(module).__name__
     leaf = is_leaf(module)
     begin, end, fail = recorder.begin, recorder.end, recorder.fail
-
-    set_grad_enabled = torch._C._set_grad_enabled  # torch.no_grad() without a context manager object per call
-    is_grad_enabled = torch.is_grad_enabled
+    call = without_grad(forward) if no_grad else forward
 
     @functools.wraps(forward)
     def recording_forward(*args: Any, **kwargs: Any) -> Any:
         frame = begin(path, type_name, leaf, args, kwargs, root=root)
-        if no_grad:
-            grad_mode = is_grad_enabled()
-            set_grad_enabled(False)
         try:
-            output = forward(*args, **kwargs)
+            output = call(*args, **kwargs)
         except BaseException as exc:
             if frame is not None:
                 fail(frame, exc)
             raise
-        finally:
-            if no_grad:
-                set_grad_enabled(grad_mode)
         if frame is not None:
             end(frame, output)
         return output

@@ -23,10 +23,9 @@ import functools
 from collections.abc import Callable, Hashable
 from typing import Any
 
-import torch
 from torch import nn
 
-from graphtrace.engine.eager import PatchLedger, is_leaf, module_paths
+from graphtrace.engine.eager import PatchLedger, is_leaf, module_paths, without_grad
 from graphtrace.engine.fx.plans import PLANS_PER_MODULE, PlanStore, module_keys, store_for
 from graphtrace.engine.fx.replay import Replay
 from graphtrace.engine.fx.signature import CONSTANT, Signature, signature
@@ -44,16 +43,16 @@ class FxEngine:
         self,
         recorder: Recorder,
         ops: bool,
-        module_paths: frozenset[str] = frozenset(),
-        store: PlanStore | None = None,
-        keys: dict[int, Hashable | None] | None = None,
+        module_paths: frozenset[str],
+        store: PlanStore,
+        keys: dict[int, Hashable | None],
     ) -> None:
         self.recorder = recorder
         self.ops = ops
         self.module_paths = module_paths
         self.fallbacks: dict[str, str] = {}
-        self._store = store if store is not None else PlanStore()
-        self._keys = keys if keys is not None else {}
+        self._store = store
+        self._keys = keys
         self._local: dict[Hashable, dict[Hashable, Plan | str]] = {}  # modules without a key: this capture only
         self._failed: dict[tuple[Hashable, Hashable], str] = {}  # replays that deviated in this capture
         self._verified: dict[int, Plan] = {}  # plans replayed bit for bit in this capture
@@ -74,11 +73,7 @@ class FxEngine:
         replays = self._replays
         self._forwards[id(module)] = forward
 
-        def run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            if no_grad:
-                with torch.no_grad():
-                    return forward(*args, **kwargs)
-            return forward(*args, **kwargs)
+        call = without_grad(forward) if no_grad else forward
 
         def recording_forward(*args: Any, **kwargs: Any) -> Any:
             if self._tracing:  # a trace reached this forward directly (``child.forward(x)``): let fx trace through
@@ -88,13 +83,13 @@ class FxEngine:
                 caller.child_call(module, args, kwargs)
             frame = begin(path, type_name, leaf, args, kwargs, root=root)
             if frame is None:
-                return run(args, kwargs)
+                return call(*args, **kwargs)
             if caller is not None:
                 caller.child_begun(frame)
             replay, key = self._start_replay(module, path, args, kwargs, frame)
             replays.append(replay)
             try:
-                output = run(args, kwargs)
+                output = call(*args, **kwargs)
             except BaseException as exc:
                 replays.pop()
                 if replay is not None:
