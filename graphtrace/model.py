@@ -330,10 +330,18 @@ class Trace:
 _LAYER_SUFFIX = re.compile(r"(.*)\.(\d+)$")
 
 
+def numbered(path: str) -> tuple[str, int] | None:
+    """``("...layers", 3)`` for a path that ends in a number (a candidate layer block), else None."""
+    match = _LAYER_SUFFIX.match(path)
+    return (match.group(1), int(match.group(2))) if match else None
+
+
 def is_layer_block(node: CallNode) -> bool:
     """A numbered block (``...layers.3``) with children whose paths carry the same number, as transformers decides."""
+    if not node.children:  # most calls: no regex needed
+        return False
     match = _LAYER_SUFFIX.match(node.path)
-    if not match or not node.children:
+    if not match:
         return False
     marker = f".{match.group(2)}."
     return any(marker in child.path for child in node.children)

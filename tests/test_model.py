@@ -64,3 +64,16 @@ def test_data_model_writers_and_readers_do_not_import_torch() -> None:
         "graphtrace.io.trace_json; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_with_value_carries_every_field_of_the_record() -> None:
+    import dataclasses
+
+    from graphtrace.model import DTensorInfo, Stats
+
+    values = {field.name: f"<{field.name}>" for field in dataclasses.fields(TensorRecord)}
+    values.update(stats=Stats(0.0, 1.0, -1.0, 1.0), dtensor=DTensorInfo("(Shard(dim=0),)", (2,), (4, 4)))
+    record = TensorRecord(**values)  # a distinct value in every field, so a dropped or swapped field shows
+    copy = record.with_value(("tensor([1.])",), "./x.safetensors")
+    assert copy == dataclasses.replace(record, value=("tensor([1.])",), file="./x.safetensors")
+    assert copy is not record and record.with_value(record.value, record.file) == record

@@ -106,3 +106,4 @@ def test_summarize_uses_it_and_keeps_the_reference_strings(monkeypatch: pytest.M
     transposed = torch.randn(300, 300, generator=generator).t()  # not contiguous: torch's own std
     with torch._tensor_str.printoptions(sci_mode=True):
         assert summarize(transposed).spec_stats[1] == repr(transposed.std())
+    assert len(calls) == 3  # the transposed tensor never reached the bound

@@ -12,11 +12,10 @@ they would have held; dropped calls keep their statistics but no values.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from graphtrace.model import CallNode, TensorRecord, Value, is_layer_block
+from graphtrace.model import CallNode, TensorRecord, Value, is_layer_block, numbered
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -24,9 +23,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from graphtrace.engine.recorder import Frame
 
 __all__ = ["DeferringSink", "LayerBlockDeferral"]
-
-_NUMBERED = re.compile(r".*\.\d+$")
-
 
 class DeferringSink(Protocol):
     """A value sink that can take a snapshot of a tensor now and store it later."""
@@ -61,7 +57,7 @@ class LayerBlockDeferral:
 
     def begin(self, frame: Frame, parent: Frame | None) -> None:
         if self._open is None and parent is not None and id(parent) in self._with_layer_block:
-            if _NUMBERED.match(frame.path):
+            if numbered(frame.path) is not None:
                 self._open = _Block(frame)
                 self._snapshots = {}
 

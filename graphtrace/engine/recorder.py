@@ -20,14 +20,13 @@ import torch
 
 from graphtrace.engine.caches import StepCache, find_cache
 from graphtrace.engine.layer_pruning import LayerBlockDeferral
-from graphtrace.engine.stats import TensorSummary, summarize
+from graphtrace.engine.stats import NO_STATS, TensorSummary, summarize
 from graphtrace.model import CallKind, CallNode, DTensorInfo, StepInfo, TensorRecord, Value
 from graphtrace.reprs import sanitize_repr, spec_printoptions
 
 __all__ = ["Frame", "Recorder", "ValueSink"]
 
 _PLAIN_SCALARS = frozenset({type(None), bool, int, float, str})
-_NO_SUMMARY = TensorSummary(None, None, 0, 0)
 
 
 class ValueSink(Protocol):
@@ -68,8 +67,8 @@ class _Seen:
 class Frame:
     """A call in progress."""
 
-    __slots__ = ("path", "index", "name", "type_name", "leaf", "strategy", "root", "args", "kwargs", "children",
-                 "inputs_from", "kind")
+    __slots__ = ("path", "index", "name", "id", "type_name", "leaf", "strategy", "root", "args", "kwargs",
+                 "children", "inputs_from", "kind")
 
     def __init__(
         self, path: str, index: int, type_name: str, leaf: bool, strategy: str, root: bool, kind: CallKind = "module"
@@ -79,6 +78,7 @@ class Frame:
         # The prefix of this call's file names: the first call keeps the reference's name, later calls get "@N" so
         # that no call overwrites another's tensors.
         self.name = path if index == 0 else f"{path}@{index}"
+        self.id = f"{path}@{index}"  # as CallNode.id: what data flow names a call by
         self.type_name = type_name
         self.leaf = leaf
         self.strategy = strategy
@@ -88,10 +88,6 @@ class Frame:
         self.children: list[CallNode] = []
         self.inputs_from: list[str] = []
         self.kind = kind
-
-    @property
-    def id(self) -> str:
-        return f"{self.path}@{self.index}"
 
 
 def _dtensor_info(value: Any) -> DTensorInfo | None:
@@ -340,7 +336,7 @@ class Recorder:
         dtensor = None
         if hasattr(value, "_local_tensor"):
             value, dtensor = value._local_tensor, _dtensor_info(value)
-        record = self._remember(value).record if statistics else _record(value, _NO_SUMMARY)
+        record = self._remember(value).record if statistics else _record(value, NO_STATS)
         return record if dtensor is None else dataclasses.replace(record, dtensor=dtensor)
 
     def _remember(self, tensor: torch.Tensor) -> _Seen:

@@ -21,7 +21,7 @@ from graphtrace.engine import std_bound
 from graphtrace.model import Stats
 from graphtrace.reprs import sanitize_repr, spec_printoptions
 
-__all__ = ["SPEC_STAT_DTYPES", "TensorSummary", "format_scalar", "summarize"]
+__all__ = ["NO_STATS", "SPEC_STAT_DTYPES", "TensorSummary", "format_scalar", "summarize"]
 
 SPEC_STAT_DTYPES = frozenset({torch.float16, torch.float32, torch.bfloat16})
 """The dtypes for which transformers writes mean/std/min/max."""
@@ -36,7 +36,8 @@ class TensorSummary(NamedTuple):
     inf_count: int
 
 
-_NO_STATS = TensorSummary(None, None, 0, 0)
+NO_STATS = TensorSummary(None, None, 0, 0)
+"""The summary of a tensor without statistics (not floating, empty, or not measured)."""
 
 
 def format_scalar(value: float, dtype: torch.dtype, precision: int) -> str:
@@ -106,7 +107,7 @@ def summarize(tensor: torch.Tensor) -> TensorSummary:
     """Statistics and non-finite counts of ``tensor`` (empty for non-floating or empty tensors)."""
     dtype = tensor.dtype
     if not dtype.is_floating_point or tensor.numel() == 0 or tensor.layout != torch.strided:
-        return _NO_STATS
+        return NO_STATS
     spec_dtype = dtype in SPEC_STAT_DTYPES
     if spec_dtype and _needs_reference_path(tensor):
         return _reference_summary(tensor)

@@ -19,22 +19,19 @@ Three things keep the graph readable at any size:
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass
 
 import networkx as nx
 
 from graphtrace.errors import InvalidOptionError
-from graphtrace.model import CallNode, Trace, iter_tensors
+from graphtrace.model import CallNode, Trace, iter_tensors, numbered
 from graphtrace.render.flow import data_flow
 
 __all__ = ["DEFAULT_MAX_BOXES", "boxes", "call_graph"]
 
 DEFAULT_MAX_BOXES = 150
 """Box budget of a graph drawn without an explicit depth: a screen's worth."""
-
-_NUMBERED = re.compile(r"(.*)\.(\d+)$")
 
 
 def call_graph(
@@ -170,8 +167,8 @@ def _follows(before: CallNode, after: CallNode) -> bool:
     module."""
     if before.path == after.path:
         return after.index == before.index + 1
-    a, b = _NUMBERED.match(before.path), _NUMBERED.match(after.path)
-    return bool(a and b and a.group(1) == b.group(1) and int(b.group(2)) == int(a.group(2)) + 1)
+    a, b = numbered(before.path), numbered(after.path)
+    return a is not None and b is not None and a[0] == b[0] and b[1] == a[1] + 1
 
 
 def _nonfinite(node: CallNode) -> int:
