@@ -65,3 +65,24 @@ def test_capture_ranks_option(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "'first' is not a rank" in bad.stderr
     outside = graphtrace("capture", "factory.py:build", "-o", "out3", "--ranks", "0,1", cwd=tmp_path)
     assert outside.returncode == 2 and "names rank 1" in outside.stderr and not (tmp_path / "out3").exists()
+
+
+def test_capture_without_dot_warns_in_one_line_and_passes_other_warnings_through(tmp_path: Path) -> None:
+    (tmp_path / "factory.py").write_text(
+        "import warnings, torch\n"
+        "class Warns(torch.nn.Linear):\n"
+        "    def forward(self, x):\n"
+        "        warnings.warn('the model speaks', UserWarning)\n"
+        "        return super().forward(x)\n"
+        "def build():\n"
+        "    return Warns(3, 2), torch.ones(1, 3)\n"
+    )
+    (tmp_path / "bin").mkdir()
+    result = graphtrace(
+        "capture", "factory.py:build", "-o", "out", "--strategy", "eager", cwd=tmp_path, PATH=str(tmp_path / "bin")
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert sum("graphtrace capture: warning:" in line and "graphviz" in line for line in lines) == 1
+    assert "Traceback" not in result.stderr and "UserWarning: the model speaks" in result.stderr
+    assert (tmp_path / "out" / "Warns_call_graph.dot").is_file()

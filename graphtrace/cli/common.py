@@ -8,6 +8,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from graphtrace.errors import GraphvizWarning
 from graphtrace.model import Trace
@@ -50,7 +51,8 @@ def add_capture_options(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_ranks(text: str) -> int | str | list[int]:
-    """``--ranks``: ``"0"`` -> 0, ``"all"`` -> "all", ``"0,1"`` -> [0, 1] (checked against the job by capture)."""
+    """``--ranks``: ``"0"`` -> 0, ``"all"`` -> "all", ``"0,1"`` -> [0, 1]; a single rank stays an int, which writes
+    no rank folder."""
     if text.strip() == "all":
         return "all"
     try:
@@ -59,9 +61,7 @@ def parse_ranks(text: str) -> int | str | list[int]:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a rank, a comma-separated list of ranks or 'all' (e.g. --ranks 0, --ranks 0,1)"
         ) from None
-    if any(rank < 0 for rank in ranks):
-        raise argparse.ArgumentTypeError(f"{text!r}: ranks are numbered from 0")
-    return ranks[0] if len(ranks) == 1 and "," not in text else ranks
+    return ranks[0] if len(ranks) == 1 else ranks  # capture checks them against the job
 
 
 def capture_options(args: argparse.Namespace) -> dict[str, object]:
@@ -88,15 +88,20 @@ def capture_with_options(model: object, inputs: object, args: argparse.Namespace
 
 @contextmanager
 def graph_warnings_reported(args: argparse.Namespace) -> Iterator[None]:
-    """Saving inside the block reports a call graph that could not be drawn as one line on stderr."""
-    with warnings.catch_warnings(record=True) as caught:
+    """Saving inside the block reports a call graph that could not be drawn as one line on stderr; every other
+    warning (the model's, transformers') is shown as it happens, under the filters in force."""
+    with warnings.catch_warnings():  # restores showwarning and the filters on exit
+        show = warnings.showwarning
+
+        def show_graphviz_briefly(message: Warning | str, category: type[Warning], *rest: Any, **kw: Any) -> None:
+            if issubclass(category, GraphvizWarning):
+                print(f"graphtrace {args.command}: warning: {message}", file=sys.stderr)
+            else:
+                show(message, category, *rest, **kw)
+
+        warnings.showwarning = show_graphviz_briefly
         warnings.simplefilter("always", GraphvizWarning)
         yield
-    for warning in caught:
-        if issubclass(warning.category, GraphvizWarning):
-            print(f"graphtrace {args.command}: warning: {warning.message}", file=sys.stderr)
-        else:
-            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def trace_summary(trace: Trace) -> str:
