@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,14 @@ def test_strategy_eager_never_loads_fx() -> None:
     trace = graphtrace.capture(demo_model(), demo_inputs(), strategy="eager")
     assert {node.strategy for node in trace.walk()} == {"eager"}
     assert trace.coverage() == Coverage(module_calls=57, fx=0, eager={"strategy='eager'": 57})
+    code = (
+        "import sys, graphtrace\n"
+        "from graphtrace.demo import demo_inputs, demo_model\n"
+        "graphtrace.capture(demo_model(), demo_inputs(), strategy='eager')\n"
+        "loaded = [name for name in sys.modules if name.startswith('graphtrace.engine.fx')]\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
 
 
 def test_coverage_counts_calls_by_strategy_and_reason() -> None:

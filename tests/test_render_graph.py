@@ -258,6 +258,16 @@ def test_trace_to_graph_is_call_graph(demo_trace: Trace) -> None:
     assert graphtrace.render.call_graph is call_graph
 
 
-def test_rendering_needs_neither_torch_nor_the_model() -> None:
-    code = "import sys, graphtrace.render, graphtrace.cli.render; assert 'torch' not in sys.modules, 'torch imported'"
-    subprocess.run([sys.executable, "-c", code], check=True)
+def test_rendering_needs_neither_torch_nor_the_model(demo_trace: Trace, tmp_path: Path) -> None:
+    demo_trace.save(tmp_path / "trace")
+    code = (
+        "import sys, graphtrace\n"
+        "from graphtrace.render import call_graph, to_dot\n"
+        "from graphtrace.cli import main\n"
+        f"graph = call_graph(graphtrace.load({str(tmp_path / 'trace')!r}))\n"
+        "assert graph.number_of_nodes() > 10 and 'digraph' in to_dot(graph)\n"
+        f"assert main(['render', {str(tmp_path / 'trace')!r}, '-o', {str(tmp_path / 'g.svg')!r}]) == 0\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
+    assert (tmp_path / "g.svg").read_text().lstrip().startswith("<?xml")

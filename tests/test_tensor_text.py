@@ -68,14 +68,9 @@ def test_equal_to_torchs_printer(dtype: torch.dtype) -> None:
 
 def test_other_print_options_are_followed() -> None:
     t = torch.randn(5, 300, generator=torch.Generator().manual_seed(0))
-    saved = dict(vars(PRINT_OPTS))
-    try:
-        for options in ({"precision": 2}, {"threshold": 50}, {"edgeitems": 1}, {"precision": 7, "threshold": 10**9}):
-            torch.set_printoptions(**options)
-            assert repr_lines(t) == _torchs(t), options
-    finally:
-        for key, value in saved.items():
-            setattr(PRINT_OPTS, key, value)
+    for options in ({"precision": 2}, {"threshold": 50}, {"edgeitems": 1}, {"precision": 7, "threshold": 10**9}):
+        torch.set_printoptions(**options)  # conftest puts the print options back after each test
+        assert repr_lines(t) == _torchs(t), options
 
 
 def test_unusual_tensors_go_to_torchs_printer() -> None:
