@@ -7,7 +7,6 @@ import random
 
 import pytest
 import torch
-from torch._tensor_str import PRINT_OPTS
 
 from graphtrace.io.tensor_repr import _printable_from_values, repr_lines
 from graphtrace.reprs import SPEC_LINEWIDTH, spec_printoptions
