@@ -11,7 +11,7 @@ the goals were set), after one untimed warm-up run each. Printed per model and m
   plain forward's peak is the baseline); ``x plain`` beside it is the ratio of the two peaks;
 - ``written``: bytes the run left in its output directory.
 
-``--quick`` runs the two small models and the main modes; ``make benchmark`` runs everything and takes about an hour
+``--quick`` runs the two small models and the main modes; ``make benchmark`` runs everything and takes about 45 minutes
 on two cores. ``--markdown FILE`` also writes the table as Markdown.
 """
 
