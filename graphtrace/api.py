@@ -202,7 +202,7 @@ class Session:
     def _close_sink(self) -> OutputPathError | None:
         """Wait for every streamed tensor and stop the writer's thread; a failed write is returned, to be raised once
         the trace is saved."""
-        if isinstance(self._sink, (SafetensorsSink, BundleSink)):
+        if self._sink is not None:
             try:
                 self._sink.close()
             except OutputPathError as error:

@@ -64,8 +64,7 @@ def model_addition_debugger_context(
     sink = ReprSink() if use_repr else SafetensorsSink(directory)
 
     def write_step(step: CallNode) -> None:
-        if isinstance(sink, SafetensorsSink):
-            sink.finish()  # the step's files are on disk when its forward returns, as transformers'
+        sink.finish()  # the step's files are on disk when its forward returns, as transformers'
         tree = prune_layer_blocks(step) if do_prune_layers else step
         write_spec_files(tree, directory, model_class)
         if do_prune_layers:
@@ -82,8 +81,7 @@ def model_addition_debugger_context(
         try:
             ledger.restore()
         finally:
-            if isinstance(sink, SafetensorsSink):
-                sink.close()
+            sink.close()
 
 
 def _debug_directory(debug_path: Any) -> Path:

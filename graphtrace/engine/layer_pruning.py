@@ -13,25 +13,16 @@ they would have held; dropped calls keep their statistics but no values.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from graphtrace.model import CallNode, TensorRecord, Value, is_layer_block, numbered
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from graphtrace.engine.recorder import Frame
+    from graphtrace.engine.recorder import Frame, ValueSink
 
-__all__ = ["DeferringSink", "LayerBlockDeferral"]
-
-class DeferringSink(Protocol):
-    """A value sink that can take a snapshot of a tensor now and store it later."""
-
-    def snapshot(self, tensor: torch.Tensor, name: str) -> Any: ...
-
-    def store_snapshot(self, snapshot: Any, name: str) -> tuple[tuple[str, ...] | None, str | None]: ...
-
-    per_name: bool
+__all__ = ["LayerBlockDeferral"]
 
 
 @dataclass
@@ -44,10 +35,10 @@ class _Block:
 class LayerBlockDeferral:
     """The recorder's bookkeeping of deferred blocks (see the module docstring)."""
 
-    def __init__(self, sink: DeferringSink) -> None:
+    def __init__(self, sink: ValueSink) -> None:
         self.sink = sink
         self._open: _Block | None = None  # the deferred block now running (its nested calls are deferred with it)
-        self._snapshots: dict[int, Any] = {}  # per tensor version within the open block
+        self._snapshots: dict[object, Any] = {}  # per tensor version (the recorder's key) within the open block
         self._pending: dict[int, _Block] = {}  # per parent frame: the finished block that may be the last
         self._with_layer_block: set[int] = set()  # parent frames that already have a layer block
 
@@ -64,9 +55,9 @@ class LayerBlockDeferral:
     def defer(self, record: TensorRecord, tensor: torch.Tensor, key: object, name: str) -> TensorRecord:
         """A copy of ``record`` (without a value) whose value is taken from a snapshot of ``tensor`` if kept."""
         assert self._open is not None
-        snapshot = self._snapshots.get(key)  # type: ignore[call-overload]
+        snapshot = self._snapshots.get(key)
         if snapshot is None:
-            snapshot = self._snapshots[key] = self.sink.snapshot(tensor, name)  # type: ignore[index]
+            snapshot = self._snapshots[key] = self.sink.snapshot(tensor, name)
         placeholder = record.with_value(record.value, record.file)  # its own identity
         self._open.values.append((placeholder, snapshot, name))
         return placeholder

@@ -38,14 +38,27 @@ class ValueSink(Protocol):
     linewidth: int | None
 
     def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
-        """Keep ``tensor``'s value under ``name``; return ``(repr_lines, None)`` or ``(None, relative_file)``.
+        """Keep ``tensor``'s value under ``name``; return ``(repr_lines, None)`` or ``(None, relative_file)``."""
+        ...
 
-        A sink that also has ``snapshot(tensor, name)`` and ``store_snapshot(snapshot, name)`` lets the recorder
-        skip the values of layer blocks that pruning will drop (see ``layer_pruning``)."""
+    def snapshot(self, tensor: torch.Tensor, name: str) -> Any:
+        """What :meth:`store_snapshot` needs to store ``tensor``'s value later (a layer block pruning may drop)."""
+        ...
+
+    def store_snapshot(self, snapshot: Any, name: str) -> tuple[tuple[str, ...] | None, str | None]:
+        """:meth:`store` of a value taken by :meth:`snapshot`."""
         ...
 
     def discard(self, file: str) -> None:
         """Remove a file :meth:`store` wrote, whose record was withdrawn."""
+        ...
+
+    def finish(self) -> None:
+        """The step's values are complete (files on disk)."""
+        ...
+
+    def close(self) -> None:
+        """:meth:`finish`, and stop writing for good."""
         ...
 
 
@@ -125,7 +138,7 @@ class Recorder:
     ) -> None:
         self.sink = sink
         # With pruning ahead, blocks that it will drop get no values (see layer_pruning); sinks opt in.
-        self._deferral = LayerBlockDeferral(sink) if prune_layers and hasattr(sink, "snapshot") else None  # type: ignore[arg-type]
+        self._deferral = LayerBlockDeferral(sink) if prune_layers and sink is not None else None
         self._linewidth = sink.linewidth if sink is not None else None
         self.on_step = on_step
         self.on_step_start = on_step_start

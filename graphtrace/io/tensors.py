@@ -49,6 +49,12 @@ class ReprSink:
     def store_snapshot(self, snapshot: PrintedValues | tuple[str, ...], name: str) -> tuple[tuple[str, ...], None]:
         return lines_of(snapshot), None
 
+    def finish(self) -> None:
+        """Nothing written, nothing to complete."""
+
+    def close(self) -> None:
+        """No writer to stop."""
+
 
 def _host_tensor(tensor: torch.Tensor, name: str) -> torch.Tensor:
     try:
