@@ -11,6 +11,7 @@ Errors raised inside the user's own forward are never wrapped: they propagate wi
 from __future__ import annotations
 
 __all__ = [
+    "describe_error",
     "GraphtraceError",
     "InvalidOptionError",
     "InvalidModelError",
@@ -75,3 +76,9 @@ class GraphvizFailedError(GraphtraceError, RuntimeError):
 
 class GraphvizWarning(UserWarning):
     """The call graph beside a saved trace could not be drawn; the trace itself was saved."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """``"Type: first line of the message"``: how a trace names an exception (a call that raised, a fallback)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0].strip()}" if lines else type(exc).__name__

@@ -21,6 +21,7 @@ import torch
 from graphtrace.engine.caches import StepCache, find_cache
 from graphtrace.engine.layer_pruning import LayerBlockDeferral
 from graphtrace.engine.stats import NO_STATS, TensorSummary, summarize
+from graphtrace.errors import describe_error
 from graphtrace.model import CallKind, CallNode, DTensorInfo, StepInfo, TensorRecord, Value
 from graphtrace.reprs import sanitize_repr, spec_printoptions
 
@@ -214,8 +215,7 @@ class Recorder:
 
     def fail(self, frame: Frame, exc: BaseException) -> None:
         """Record that ``frame``'s call raised ``exc`` (the caller re-raises it)."""
-        message = str(exc).strip().splitlines()
-        self._finish(frame, None, f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__)
+        self._finish(frame, None, describe_error(exc))
 
     # -- tree assembly ----------------------------------------------------------------------------------------------
 

@@ -30,8 +30,9 @@ from graphtrace.engine.fx.plans import PLANS_PER_MODULE, PlanStore, module_keys,
 from graphtrace.engine.fx.replay import Replay
 from graphtrace.engine.fx.signature import CONSTANT, Signature, signature
 from graphtrace.engine.fx.structural import StructuralReplay
-from graphtrace.engine.fx.tracer import Plan, TraceContext, describe_error, trace_module
+from graphtrace.engine.fx.tracer import Plan, TraceContext, trace_module
 from graphtrace.engine.recorder import Frame, Recorder
+from graphtrace.errors import describe_error
 
 __all__ = ["PLANS_PER_MODULE", "FxEngine", "attach_fx"]
 

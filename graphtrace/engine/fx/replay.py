@@ -35,10 +35,10 @@ from graphtrace.engine.fx.tracer import (
     UNKNOWN,
     Opaque,
     Plan,
-    describe_error,
     impurity,
 )
 from graphtrace.engine.recorder import Frame, Recorder
+from graphtrace.errors import describe_error
 
 __all__ = ["Replay", "nonconforming", "add_flows"]
 

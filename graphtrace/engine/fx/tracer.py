@@ -46,6 +46,7 @@ from graphtrace.engine.fx.guard import TraceGuard, dispatches_itself
 from graphtrace.engine.fx.signature import CONSTANT, TENSOR, Signature, is_constant, leaf_kind
 from graphtrace.engine.fx.snapshot import restore, snapshot
 from graphtrace.engine.fx.structure import Structure, flatten, leaf_paths, unflatten
+from graphtrace.errors import describe_error
 
 __all__ = [
     "META",
@@ -56,7 +57,6 @@ __all__ = [
     "Opaque",
     "Plan",
     "TraceContext",
-    "describe_error",
     "impurity",
     "trace_module",
 ]
@@ -119,12 +119,6 @@ class TraceContext:
 
     fake_mode: FakeTensorMode
     plan_for: Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], Plan | str]
-
-
-def describe_error(exc: BaseException) -> str:
-    """``"Type: first line of the message"``, as the trace keeps a fallback's reason."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0].strip()}" if lines else type(exc).__name__
 
 
 def impurity(op: str, target: Any, receiver: Any) -> str | None:
