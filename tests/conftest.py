@@ -4,13 +4,43 @@ from __future__ import annotations
 
 import filecmp
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_python(
+    *args: str, cwd: Path | None = None, timeout: float = 300, **environment: str
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in a fresh process that imports this checkout's graphtrace."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **environment}
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def run_cli(*args: str, cwd: Path | None = None, **environment: str) -> subprocess.CompletedProcess[str]:
+    """``python -m graphtrace ARGS``, as a user runs the command."""
+    return run_python("-m", "graphtrace", *args, cwd=cwd, **environment)
+
+
+@pytest.fixture(scope="module")
+def demo_trace() -> Any:
+    """The demo transformer captured eagerly: data flow from tensor identity alone, with the gaps the renderer
+    infers (fx would fill them)."""
+    import graphtrace
+    from graphtrace.demo import demo_inputs, demo_model
+
+    return graphtrace.capture(demo_model(), demo_inputs(), strategy="eager")
 
 
 @pytest.fixture(autouse=True)

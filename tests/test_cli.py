@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def graphtrace(*args: str, cwd: Path, **environment: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **environment}
-    return subprocess.run(
-        [sys.executable, "-m", "graphtrace", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
+from tests.conftest import run_cli
 
 
 def test_demo_writes_the_trace_and_says_where(tmp_path: Path) -> None:
-    result = graphtrace("demo", cwd=tmp_path)
+    result = run_cli("demo", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     out_dir = tmp_path / "graphtrace-demo"
     for suffix in ("_debug_tree_SUMMARY.json", "_debug_tree_FULL_TENSORS.json", "_graphtrace.json"):
@@ -27,16 +17,16 @@ def test_demo_writes_the_trace_and_says_where(tmp_path: Path) -> None:
     assert "wrote graphtrace-demo/" in result.stdout and "4 layers" not in result.stderr
     assert "module calls" in result.stdout
 
-    shown = graphtrace("show", "graphtrace-demo", "--depth", "1", cwd=tmp_path)
+    shown = run_cli("show", "graphtrace-demo", "--depth", "1", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert "layers.3 (DecoderLayer) -> [1, 12, 64] float32" in shown.stdout
     assert "q_proj" not in shown.stdout  # below the depth limit
 
 
 def test_bad_input_exits_2_with_a_message(tmp_path: Path) -> None:
-    result = graphtrace("show", "nowhere", cwd=tmp_path)
+    result = run_cli("show", "nowhere", cwd=tmp_path)
     assert result.returncode == 2 and "error: no trace at 'nowhere'" in result.stderr and "Traceback" not in result.stderr
-    result = graphtrace("capture", "not-a-target", "-o", "out", cwd=tmp_path)
+    result = run_cli("capture", "not-a-target", "-o", "out", cwd=tmp_path)
     assert result.returncode == 2 and "must look like" in result.stderr
 
 
@@ -46,7 +36,7 @@ def test_capture_a_model_from_a_factory_file(tmp_path: Path) -> None:
         "def build():\n"
         "    return torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU()), torch.ones(1, 3)\n"
     )
-    result = graphtrace("capture", "factory.py:build", "-o", "out", "--values", "safetensors", cwd=tmp_path)
+    result = run_cli("capture", "factory.py:build", "-o", "out", "--values", "safetensors", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out" / "Sequential_debug_tree_SUMMARY.json").is_file()
     assert (tmp_path / "out" / "Sequential.0_outputs.safetensors").is_file()
@@ -58,12 +48,12 @@ def test_capture_ranks_option(tmp_path: Path) -> None:
         "def build():\n"
         "    return torch.nn.Sequential(torch.nn.Linear(3, 2)), torch.ones(1, 3)\n"
     )
-    result = graphtrace("capture", "factory.py:build", "-o", "out", "--ranks", "all", cwd=tmp_path)
+    result = run_cli("capture", "factory.py:build", "-o", "out", "--ranks", "all", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out" / "rank_0" / "Sequential_debug_tree_SUMMARY.json").is_file()  # one folder per rank
-    bad = graphtrace("capture", "factory.py:build", "-o", "out2", "--ranks", "first", cwd=tmp_path)
+    bad = run_cli("capture", "factory.py:build", "-o", "out2", "--ranks", "first", cwd=tmp_path)
     assert bad.returncode == 2 and "'first' is not a rank" in bad.stderr
-    outside = graphtrace("capture", "factory.py:build", "-o", "out3", "--ranks", "0,1", cwd=tmp_path)
+    outside = run_cli("capture", "factory.py:build", "-o", "out3", "--ranks", "0,1", cwd=tmp_path)
     assert outside.returncode == 2 and "names rank 1" in outside.stderr and not (tmp_path / "out3").exists()
 
 
@@ -78,7 +68,7 @@ def test_capture_without_dot_warns_in_one_line_and_passes_other_warnings_through
         "    return Warns(3, 2), torch.ones(1, 3)\n"
     )
     (tmp_path / "bin").mkdir()
-    result = graphtrace(
+    result = run_cli(
         "capture", "factory.py:build", "-o", "out", "--strategy", "eager", cwd=tmp_path, PATH=str(tmp_path / "bin")
     )
     assert result.returncode == 0, result.stderr

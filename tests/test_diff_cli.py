@@ -13,7 +13,7 @@ import torch
 import graphtrace
 from graphtrace.cli.diff import use_color
 from tests.gpt2_port import GPT2_RULES, port_of
-from tests.test_cli import graphtrace as run_cli
+from tests.conftest import run_cli
 from tests.zoo import gpt2, llama
 
 ANSI = "\033["

@@ -13,7 +13,7 @@ import graphtrace
 from graphtrace.coverage import Coverage
 from graphtrace.demo import demo_inputs, demo_model
 from graphtrace.errors import FxCaptureError, GraphtraceError
-from tests.test_cli import graphtrace as run_cli
+from tests.conftest import run_cli
 from tests.test_fx_engine import ListCache, UsesCache, Wrapper
 from tests.zoo import FX_ZOO
 

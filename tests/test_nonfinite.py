@@ -10,7 +10,7 @@ from torch import nn
 
 import graphtrace
 from tests.conftest import run_reference
-from tests.test_cli import graphtrace as run_cli
+from tests.conftest import run_cli
 from tests.zoo import llama
 
 UP_PROJ = "LlamaForCausalLM.model.layers.1.mlp.up_proj"

@@ -18,7 +18,7 @@ from graphtrace.demo import demo_inputs, demo_model
 from graphtrace.errors import GraphvizNotFoundError, GraphvizWarning, InvalidOptionError
 from graphtrace.model import Trace
 from graphtrace.render import boxes, call_graph, to_dot, write_call_graph
-from tests.test_cli import graphtrace as run_cli
+from tests.conftest import run_cli
 from tests.zoo import llama
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -95,12 +95,6 @@ def faulty_trace() -> Trace:
 
 
 # -- DOT -----------------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def demo_trace() -> Trace:
-    # eager capture: data flow from tensor identity alone, with the gaps the renderer infers (fx would fill them)
-    return graphtrace.capture(demo_model(), demo_inputs(), strategy="eager")
 
 
 def test_golden_dot_of_the_demo_model(demo_trace: Trace) -> None:

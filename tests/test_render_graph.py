@@ -23,12 +23,6 @@ from tests.zoo import ORACLE_MODELS, llama
 DEMO = "DemoTransformer"
 
 
-@pytest.fixture(scope="module")
-def demo_trace() -> Trace:
-    # eager capture: data flow from tensor identity alone, with the gaps the renderer infers (fx would fill them)
-    return graphtrace.capture(demo_model(), demo_inputs(), strategy="eager")
-
-
 def clusters(graph: nx.DiGraph) -> list[str]:
     return [node for node, cluster in graph.nodes(data="cluster") if cluster]
 
