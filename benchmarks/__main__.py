@@ -101,7 +101,10 @@ def bench_memory(model_name: str, modes: list[str], rows: dict[str, Row]) -> Non
     for mode in modes:
         result = subprocess.run(
             [sys.executable, "-m", "benchmarks.peak_memory", model_name, mode],
-            capture_output=True, text=True, env=env, check=False,
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
         )
         if result.returncode != 0:
             print(f"  peak memory of {model_name} / {mode} failed:\n{result.stderr[-2000:]}", file=sys.stderr)
@@ -114,21 +117,32 @@ def bench_memory(model_name: str, modes: list[str], rows: dict[str, Row]) -> Non
 
 
 def _format_rows(rows: list[Row], markdown: bool) -> str:
-    header = ["model", "mode", "median s", "x plain", "spread", "x transformers", "peak RSS MB", "x plain RSS",
-              "written MB"]
+    header = [
+        "model",
+        "mode",
+        "median s",
+        "x plain",
+        "spread",
+        "x transformers",
+        "peak RSS MB",
+        "x plain RSS",
+        "written MB",
+    ]
     lines = []
     for row in rows:
-        lines.append([
-            row.model,
-            row.mode,
-            f"{statistics.median(row.times):.4f}",
-            f"{statistics.median(row.ratios):.2f}",
-            f"{_quartile_spread(row.ratios):.2f}",
-            f"{statistics.median(row.reference_ratios):.2f}" if row.reference_ratios else "",
-            f"{row.peak / 2**20:.0f}" if row.peak else "",
-            f"{row.peak_ratio:.3f}" if row.peak_ratio else "",
-            f"{row.written / 2**20:.1f}" if row.written else "0",
-        ])
+        lines.append(
+            [
+                row.model,
+                row.mode,
+                f"{statistics.median(row.times):.4f}",
+                f"{statistics.median(row.ratios):.2f}",
+                f"{_quartile_spread(row.ratios):.2f}",
+                f"{statistics.median(row.reference_ratios):.2f}" if row.reference_ratios else "",
+                f"{row.peak / 2**20:.0f}" if row.peak else "",
+                f"{row.peak_ratio:.3f}" if row.peak_ratio else "",
+                f"{row.written / 2**20:.1f}" if row.written else "0",
+            ]
+        )
     if markdown:
         out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         out += ["| " + " | ".join(line) + " |" for line in lines]

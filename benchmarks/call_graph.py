@@ -57,8 +57,10 @@ def main() -> None:
             text = best_of(3, lambda: to_dot(graph))
             svg = best_of(3, lambda: write_graph(graph, Path(scratch) / "graph.svg")) - text
             calls = graph.graph["calls"]
-            print(f"{name:<10} {str(options):<36} {calls:>6} {len(boxes(graph)):>6} {build:>7.3f}s {text:>8.3f}s "
-                  f"{svg:>9.3f}s")
+            print(
+                f"{name:<10} {str(options):<36} {calls:>6} {len(boxes(graph)):>6} {build:>7.3f}s {text:>8.3f}s "
+                f"{svg:>9.3f}s"
+            )
         trace = traces["llama-16"]
         plain = best_of(3, lambda: trace.save(Path(scratch) / "plain", graph=False))
         drawn = best_of(3, lambda: trace.save(Path(scratch) / "drawn"))

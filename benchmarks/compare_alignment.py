@@ -32,8 +32,14 @@ def _leaf(path: str, kind: str, inputs: tuple[int, ...], outputs: tuple[int, ...
 
 def _container(path: str, kind: str, seed: int, children: tuple[CallNode, ...]) -> CallNode:
     hidden = (1, 7, HIDDEN)
-    return CallNode(path=path, type_name=kind, leaf=False, args=(_tensor(hidden, seed),),
-                    outputs=_tensor(hidden, seed + 50), children=children)
+    return CallNode(
+        path=path,
+        type_name=kind,
+        leaf=False,
+        args=(_tensor(hidden, seed),),
+        outputs=_tensor(hidden, seed + 50),
+        children=children,
+    )
 
 
 def layered(root: str, names: tuple[str, str, str, str], layers: int) -> CallNode:
@@ -43,21 +49,42 @@ def layered(root: str, names: tuple[str, str, str, str], layers: int) -> CallNod
     blocks = []
     for n in range(layers):
         path, seed = f"{root}.{layer_name}.{n}", n * 100
-        attention = _container(f"{path}.{attn}", "Attention", seed + 2, tuple(
-            _leaf(f"{path}.{attn}.{prefix}{q}", "Linear", hidden, hidden, seed + 3 + k) for k, q in enumerate("qkvo")
-        ))
-        feed_forward = _container(f"{path}.{mlp}", "MLP", seed + 20, (
-            _leaf(f"{path}.{mlp}.{prefix}gate", "Linear", hidden, wide, seed + 21),
-            _leaf(f"{path}.{mlp}.{prefix}act", "SiLU", wide, wide, seed + 22),
-            _leaf(f"{path}.{mlp}.{prefix}up", "Linear", hidden, wide, seed + 23),
-            _leaf(f"{path}.{mlp}.{prefix}down", "Linear", wide, hidden, seed + 24),
-        ))
-        blocks.append(_container(path, "DecoderLayer", seed, (
-            _leaf(f"{path}.{prefix}norm1", "RMSNorm", hidden, hidden, seed + 1), attention,
-            _leaf(f"{path}.{prefix}norm2", "RMSNorm", hidden, hidden, seed + 19), feed_forward,
-        )))
-    return CallNode(path=root, leaf=False, args=(_tensor((1, 7), 0),), outputs=_tensor((1, 7, 99), 5),
-                    children=tuple(blocks))
+        attention = _container(
+            f"{path}.{attn}",
+            "Attention",
+            seed + 2,
+            tuple(
+                _leaf(f"{path}.{attn}.{prefix}{q}", "Linear", hidden, hidden, seed + 3 + k)
+                for k, q in enumerate("qkvo")
+            ),
+        )
+        feed_forward = _container(
+            f"{path}.{mlp}",
+            "MLP",
+            seed + 20,
+            (
+                _leaf(f"{path}.{mlp}.{prefix}gate", "Linear", hidden, wide, seed + 21),
+                _leaf(f"{path}.{mlp}.{prefix}act", "SiLU", wide, wide, seed + 22),
+                _leaf(f"{path}.{mlp}.{prefix}up", "Linear", hidden, wide, seed + 23),
+                _leaf(f"{path}.{mlp}.{prefix}down", "Linear", wide, hidden, seed + 24),
+            ),
+        )
+        blocks.append(
+            _container(
+                path,
+                "DecoderLayer",
+                seed,
+                (
+                    _leaf(f"{path}.{prefix}norm1", "RMSNorm", hidden, hidden, seed + 1),
+                    attention,
+                    _leaf(f"{path}.{prefix}norm2", "RMSNorm", hidden, hidden, seed + 19),
+                    feed_forward,
+                ),
+            )
+        )
+    return CallNode(
+        path=root, leaf=False, args=(_tensor((1, 7), 0),), outputs=_tensor((1, 7, 99), 5), children=tuple(blocks)
+    )
 
 
 def flat(root: str, prefix: str, leaves: int, extra_every: int) -> CallNode:
@@ -66,20 +93,27 @@ def flat(root: str, prefix: str, leaves: int, extra_every: int) -> CallNode:
     for i in range(leaves):
         children.append(_leaf(f"{root}.{prefix}lin{i}", "Linear", (1, 8), (1, 8), i))
         if extra_every and i % extra_every == 0:
-            children.append(CallNode(path=f"{root}.drop{i}", type_name="Dropout", args=(_tensor((1, 8), i + 1),),
-                                     outputs=_tensor((1, 8), i + 1)))
-    return CallNode(path=root, leaf=False, args=(_tensor((1, 8), 0),), outputs=_tensor((1, 8), leaves),
-                    children=tuple(children))
+            children.append(
+                CallNode(
+                    path=f"{root}.drop{i}",
+                    type_name="Dropout",
+                    args=(_tensor((1, 8), i + 1),),
+                    outputs=_tensor((1, 8), i + 1),
+                )
+            )
+    return CallNode(
+        path=root, leaf=False, args=(_tensor((1, 8), 0),), outputs=_tensor((1, 8), leaves), children=tuple(children)
+    )
 
 
 def _mispaired(a: CallNode, b: CallNode, rename: dict[str, str]) -> int:
     alignment = align_calls(a, b)
     wrong = 0
     for match in alignment.matches[1:]:
-        expected = match.a.path[len(a.path):]
+        expected = match.a.path[len(a.path) :]
         for old, new in rename.items():
             expected = expected.replace(old, new)
-        wrong += expected != match.b.path[len(b.path):]
+        wrong += expected != match.b.path[len(b.path) :]
     return wrong
 
 

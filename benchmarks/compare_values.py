@@ -25,8 +25,14 @@ import graphtrace  # noqa: E402
 
 
 def main() -> None:
-    config = LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=32,
-                         num_attention_heads=8, num_key_value_heads=4)
+    config = LlamaConfig(
+        vocab_size=1000,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=32,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
     inputs = {"input_ids": torch.randint(0, 1000, (1, 64), generator=torch.Generator().manual_seed(1))}

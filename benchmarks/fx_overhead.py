@@ -32,8 +32,13 @@ def llama() -> Example:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=8,
-        num_key_value_heads=4, max_position_embeddings=256,
+        vocab_size=1000,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
@@ -88,8 +93,10 @@ def main() -> None:
         eager_cold, eager_warm = times["eager"]
         for mode in MODES:
             cold, warm = times[mode]
-            print(f"| {name} | {mode} | {cold:.4f} | {warm:.4f} | {cold / eager_cold:.2f}× | {warm / eager_warm:.2f}× |",
-                  flush=True)
+            print(
+                f"| {name} | {mode} | {cold:.4f} | {warm:.4f} | {cold / eager_cold:.2f}× | {warm / eager_warm:.2f}× |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     config = LlamaConfig(
-        vocab_size=1000, hidden_size=args.hidden, intermediate_size=args.hidden * 2, num_hidden_layers=args.layers,
-        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=args.prompt + args.new + 8,
+        vocab_size=1000,
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden * 2,
+        num_hidden_layers=args.layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=args.prompt + args.new + 8,
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
@@ -59,6 +64,7 @@ def main() -> None:
         def run() -> object:
             with graphtrace.tracing(model, values=values):  # type: ignore[arg-type]
                 return plain()
+
         return run
 
     def without_cache_state() -> object:
@@ -70,8 +76,10 @@ def main() -> None:
         with mock.patch.object(recorder.Recorder, "__init__", no_caches):
             return traced("none")()
 
-    print(f"Llama {args.layers} layers, hidden {args.hidden}; prompt {args.prompt} tokens, {args.new} new (greedy); "
-          f"best of {args.repeat}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(
+        f"Llama {args.layers} layers, hidden {args.hidden}; prompt {args.prompt} tokens, {args.new} new (greedy); "
+        f"best of {args.repeat}; torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
     best = best_seconds(
         {
             "plain generate()": plain,

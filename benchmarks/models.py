@@ -35,8 +35,13 @@ def tiny_llama() -> tuple[torch.nn.Module, dict[str, Any]]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=32000, hidden_size=64, intermediate_size=256, num_hidden_layers=32, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128,
+        vocab_size=32000,
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
     )
     return _eval(LlamaForCausalLM(config)), {"input_ids": _ids(config.vocab_size, 16)}
 
@@ -69,8 +74,13 @@ def llama_085b() -> tuple[torch.nn.Module, dict[str, Any]]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(  # TinyLlama's shapes with 16 layers: 0.84B parameters
-        vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=32,
-        num_key_value_heads=4, max_position_embeddings=2048,
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
     )
     return _eval(LlamaForCausalLM(config)), {"input_ids": _ids(config.vocab_size, 256)}
 

@@ -37,8 +37,11 @@ def _transformers(use_repr: bool, prune: bool) -> Callable[[torch.nn.Module, dic
 
         options = dict(vars(PRINT_OPTS))
         try:
-            with torch.no_grad(), model_addition_debugger_context(
-                model, debug_path=str(directory), do_prune_layers=prune, use_repr=use_repr
+            with (
+                torch.no_grad(),
+                model_addition_debugger_context(
+                    model, debug_path=str(directory), do_prune_layers=prune, use_repr=use_repr
+                ),
             ):
                 model(**inputs)
         finally:
@@ -64,8 +67,9 @@ def _shim(use_repr: bool, prune: bool) -> Callable[[torch.nn.Module, dict[str, A
     def run(model: torch.nn.Module, inputs: dict[str, Any], directory: Path) -> None:
         from graphtrace import model_addition_debugger_context
 
-        with torch.no_grad(), model_addition_debugger_context(
-            model, debug_path=str(directory), do_prune_layers=prune, use_repr=use_repr
+        with (
+            torch.no_grad(),
+            model_addition_debugger_context(model, debug_path=str(directory), do_prune_layers=prune, use_repr=use_repr),
         ):
             model(**inputs)
 
@@ -73,6 +77,7 @@ def _shim(use_repr: bool, prune: bool) -> Callable[[torch.nn.Module, dict[str, A
 
 
 _REPR, _TENSORS = "transformers repr", "transformers safetensors"
+
 
 def _capture_modes() -> list[Mode]:
     modes = []
@@ -83,11 +88,23 @@ def _capture_modes() -> list[Mode]:
         ("bundle", _TENSORS, "all tensors in one file"),
     ):
         for strategy in ("auto", "eager"):
-            modes.append(Mode(f"capture {values} {strategy}", _capture(values, strategy), reference,
-                              f"graphtrace.capture(path=..., values={values!r}, strategy={strategy!r}): {what}"))
+            modes.append(
+                Mode(
+                    f"capture {values} {strategy}",
+                    _capture(values, strategy),
+                    reference,
+                    f"graphtrace.capture(path=..., values={values!r}, strategy={strategy!r}): {what}",
+                )
+            )
     for strategy in ("auto", "eager"):
-        modes.append(Mode(f"capture repr {strategy} ops", _capture("repr", strategy, ops=True), _REPR,
-                          f"values='repr', strategy={strategy!r}, ops=True"))
+        modes.append(
+            Mode(
+                f"capture repr {strategy} ops",
+                _capture("repr", strategy, ops=True),
+                _REPR,
+                f"values='repr', strategy={strategy!r}, ops=True",
+            )
+        )
     return modes
 
 
@@ -106,6 +123,14 @@ MODES: dict[str, Mode] = {
 }
 
 QUICK_MODES = (
-    "plain", _REPR, _TENSORS, "capture repr auto", "capture repr eager", "capture none eager",
-    "capture safetensors eager", "capture bundle eager", "shim repr pruned", "transformers repr pruned",
+    "plain",
+    _REPR,
+    _TENSORS,
+    "capture repr auto",
+    "capture repr eager",
+    "capture none eager",
+    "capture safetensors eager",
+    "capture bundle eager",
+    "shim repr pruned",
+    "transformers repr pruned",
 )

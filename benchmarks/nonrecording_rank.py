@@ -34,8 +34,9 @@ def _open_and_close(model: torch.nn.Module) -> None:
 
 
 def _rank(rank: int, world: int, store: str, forwards: int) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+    )
     torch.set_num_threads(1)
     model, inputs = demo_model(), demo_inputs()
     plain, traced, blocks = [], [], []
@@ -47,9 +48,11 @@ def _rank(rank: int, world: int, store: str, forwards: int) -> None:
             blocks.append(_timed(lambda: _open_and_close(model)))
     plain_ms, traced_ms = statistics.median(plain[1:]) * 1e3, statistics.median(traced[1:]) * 1e3
     role = "records" if rank == 0 else "does not record"
-    print(f"rank {rank} ({role}): forward {plain_ms:.3f} ms plain, {traced_ms:.3f} ms inside tracing() "
-          f"(x{traced_ms / plain_ms:.2f}); entering and leaving tracing() {statistics.median(blocks[1:]) * 1e6:.0f} us",
-          flush=True)
+    print(
+        f"rank {rank} ({role}): forward {plain_ms:.3f} ms plain, {traced_ms:.3f} ms inside tracing() "
+        f"(x{traced_ms / plain_ms:.2f}); entering and leaving tracing() {statistics.median(blocks[1:]) * 1e6:.0f} us",
+        flush=True,
+    )
     dist.barrier()
     dist.destroy_process_group()
 

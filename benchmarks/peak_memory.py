@@ -35,11 +35,11 @@ def _reset_peak() -> bool:
 
 def measure(model_name: str, mode_name: str) -> dict[str, int]:
     import torch
+    import transformers.model_debugging_utils  # noqa: F401
 
     import graphtrace  # noqa: F401  - imported before the measurement, as the model and transformers are
     import graphtrace.api  # noqa: F401
     import graphtrace.compat  # noqa: F401
-    import transformers.model_debugging_utils  # noqa: F401
     from benchmarks.models import build
     from benchmarks.modes import MODES
 

@@ -50,7 +50,9 @@ def main() -> None:
     step = trace.steps[-1]
     stages: dict[str, Callable[[], object]] = {
         "plain forward": plain,
-        "record, values='none', eager, no files": lambda: graphtrace.capture(model, inputs, values="none", strategy="eager"),
+        "record, values='none', eager, no files": lambda: graphtrace.capture(
+            model, inputs, values="none", strategy="eager"
+        ),
         "record, values='repr' (reprs), eager, no files": lambda: graphtrace.capture(model, inputs, strategy="eager"),
         "record, values='none', auto, no files": lambda: graphtrace.capture(model, inputs, values="none"),
         "shim, do_prune_layers=True (SUMMARY + FULL_TENSORS)": shim(True),

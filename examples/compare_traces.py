@@ -18,8 +18,15 @@ import graphtrace
 
 
 def main(directory: Path) -> int:
-    config = LlamaConfig(vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=99,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
     inputs = {"input_ids": torch.randint(0, 99, (1, 7), generator=torch.Generator().manual_seed(1))}

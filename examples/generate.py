@@ -18,8 +18,13 @@ import graphtrace
 
 def main(output: str) -> None:
     config = LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
@@ -32,7 +37,7 @@ def main(output: str) -> None:
 
     trace = session.trace
     assert trace is not None
-    new_tokens = generated[0, prompt.shape[1]:].tolist()
+    new_tokens = generated[0, prompt.shape[1] :].tolist()
     print(f"generated {new_tokens}; traced {len(trace.steps)} forward calls into {output}/")
     for number, info in enumerate(trace.step_info):
         if info.phase == "prefill":

@@ -22,9 +22,9 @@ from typing import Any, Literal, Union, get_args
 import torch
 from torch import nn
 
+from graphtrace.coverage import describe_fallbacks
 from graphtrace.engine import PatchLedger, Recorder, attach
 from graphtrace.engine.distributed import current_rank, world_size
-from graphtrace.coverage import describe_fallbacks
 from graphtrace.errors import FxCaptureError, InvalidInputsError, InvalidModelError, InvalidOptionError, OutputPathError
 from graphtrace.io.tensors import BundleSink, ReprSink, SafetensorsSink
 from graphtrace.io.trace_files import prepare_directory, rank_directory
@@ -139,7 +139,10 @@ class Session:
         self.trace: Trace | None = None
         self._sink = self._make_sink() if self.recording else None
         self._recorder = Recorder(
-            self._sink, on_step_start=self._on_step_start, detached_steps=True, step_caches=True,
+            self._sink,
+            on_step_start=self._on_step_start,
+            detached_steps=True,
+            step_caches=True,
             prune_layers=prune_layers,
         )
         self._ledger = PatchLedger()
@@ -259,7 +262,7 @@ class Session:
             world_size=world_size(),
             graphtrace_version=_version(),
             torch_version=torch.__version__,
-            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         )
         directory = str(self.directory) if self.directory is not None else None
         recorder = self._recorder
@@ -367,7 +370,13 @@ def _session(
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise InvalidOptionError(f"path must be a directory path (str or os.PathLike), got {type(path).__name__}.")
     return Session(
-        model, path=path, values=values, prune_layers=prune_layers, strategy=strategy, ops=ops, flat=flat,
-        recording_ranks=_check_ranks(ranks), rank_folders=not isinstance(ranks, int),
+        model,
+        path=path,
+        values=values,
+        prune_layers=prune_layers,
+        strategy=strategy,
+        ops=ops,
+        flat=flat,
+        recording_ranks=_check_ranks(ranks),
+        rank_folders=not isinstance(ranks, int),
     )
-

@@ -23,9 +23,7 @@ def run_python(
 ) -> subprocess.CompletedProcess[str]:
     """``python ARGS`` in a fresh process that imports this checkout's graphtrace."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **environment}
-    return subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def run_cli(*args: str, cwd: Path | None = None, **environment: str) -> subprocess.CompletedProcess[str]:

@@ -45,8 +45,11 @@ def _child(worker: Callable[[int, int, Path], Any], rank: int, world: int, direc
     try:
         outcome = {"result": worker(rank, world, directory)}
     except BaseException as exc:  # reported to the parent, which decides what was expected
-        outcome = {"error": f"{type(exc).__name__}: {exc}", "notes": getattr(exc, "__notes__", []),
-                   "traceback": traceback.format_exc()}
+        outcome = {
+            "error": f"{type(exc).__name__}: {exc}",
+            "notes": getattr(exc, "__notes__", []),
+            "traceback": traceback.format_exc(),
+        }
     finally:
         dist.destroy_process_group()
     (directory / f"outcome_{rank}.json").write_text(json.dumps(outcome))
@@ -93,9 +96,15 @@ def tensor_parallel_llama(world: int) -> tuple[torch.nn.Module, dict[str, Any], 
     with torch.no_grad():
         unsharded = model(**inputs).logits
     mesh = init_device_mesh("cpu", (world,))
-    styles = {"self_attn.q_proj": ColwiseParallel, "self_attn.k_proj": ColwiseParallel,
-              "self_attn.v_proj": ColwiseParallel, "self_attn.o_proj": RowwiseParallel,
-              "mlp.gate_proj": ColwiseParallel, "mlp.up_proj": ColwiseParallel, "mlp.down_proj": RowwiseParallel}
+    styles = {
+        "self_attn.q_proj": ColwiseParallel,
+        "self_attn.k_proj": ColwiseParallel,
+        "self_attn.v_proj": ColwiseParallel,
+        "self_attn.o_proj": RowwiseParallel,
+        "mlp.gate_proj": ColwiseParallel,
+        "mlp.up_proj": ColwiseParallel,
+        "mlp.down_proj": RowwiseParallel,
+    }
     plan = {f"model.layers.{i}.{name}": style() for i in range(zoo.LAYERS) for name, style in styles.items()}
     parallelize_module(model, mesh, plan)
     return model, inputs, unsharded

@@ -74,7 +74,14 @@ class PortBlock(nn.Module):
 
 class PortGPT(nn.Module):
     def __init__(
-        self, vocab: int, positions: int, dim: int, layers: int, heads: int, eps: float, approximate: str,
+        self,
+        vocab: int,
+        positions: int,
+        dim: int,
+        layers: int,
+        heads: int,
+        eps: float,
+        approximate: str,
         mlp_residual: bool = True,
     ) -> None:
         super().__init__()
@@ -104,8 +111,14 @@ def port_of(gpt2: nn.Module, approximate: str = "tanh", mlp_residual: bool = Tru
     forgotten: every module agrees, the block's own code does not)."""
     config = gpt2.config
     port = PortGPT(
-        config.vocab_size, config.n_positions, config.n_embd, config.n_layer, config.n_head,
-        config.layer_norm_epsilon, approximate, mlp_residual,
+        config.vocab_size,
+        config.n_positions,
+        config.n_embd,
+        config.n_layer,
+        config.n_head,
+        config.layer_norm_epsilon,
+        approximate,
+        mlp_residual,
     )
     source = gpt2.transformer
     with torch.no_grad():

@@ -75,7 +75,10 @@ def test_trace_content_of_the_demo_model() -> None:
     assert root.path == "DemoTransformer" and root.type_name == "DemoTransformer" and not root.leaf
     layer = trace.find("DemoTransformer.layers.2")
     assert layer.type_name == "DecoderLayer" and [c.name for c in layer.children] == [
-        "input_norm", "attn", "post_attention_norm", "mlp"
+        "input_norm",
+        "attn",
+        "post_attention_norm",
+        "mlp",
     ]
     q_proj = trace.find("DemoTransformer.layers.2.attn.q_proj")
     assert q_proj.leaf and q_proj.strategy in ("eager", "fx")
@@ -132,7 +135,10 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
     originals = list(trace.walk())
     for before, after in zip(originals, loaded.walk(), strict=True):
         assert (after.id, after.type_name, after.leaf, after.inputs_from) == (
-            before.id, before.type_name, before.leaf, before.inputs_from
+            before.id,
+            before.type_name,
+            before.leaf,
+            before.inputs_from,
         )
         # repr lines live in FULL_TENSORS, not in graphtrace's own file
         assert [r.summary() for _, r in after.output_tensors()] == [r.summary() for _, r in before.output_tensors()]
@@ -145,7 +151,9 @@ def test_safetensors_values_are_streamed_into_path(tmp_path: Path) -> None:
     trace = graphtrace.capture(model, demo_inputs(), path=tmp_path, values="safetensors")
     q_proj = trace.find("DemoTransformer.layers.0.attn.q_proj")
     record = q_proj.outputs
-    assert isinstance(record, TensorRecord) and record.file == "./DemoTransformer.layers.0.attn.q_proj_outputs.safetensors"
+    assert (
+        isinstance(record, TensorRecord) and record.file == "./DemoTransformer.layers.0.attn.q_proj_outputs.safetensors"
+    )
     stored = load_file(str(tmp_path / record.file))["data"]
     assert tuple(stored.shape) == record.shape and record.stats is not None
     assert stored.mean().item() == pytest.approx(record.stats.mean, rel=1e-6)

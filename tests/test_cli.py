@@ -25,7 +25,9 @@ def test_demo_writes_the_trace_and_says_where(tmp_path: Path) -> None:
 
 def test_bad_input_exits_2_with_a_message(tmp_path: Path) -> None:
     result = run_cli("show", "nowhere", cwd=tmp_path)
-    assert result.returncode == 2 and "error: no trace at 'nowhere'" in result.stderr and "Traceback" not in result.stderr
+    assert (
+        result.returncode == 2 and "error: no trace at 'nowhere'" in result.stderr and "Traceback" not in result.stderr
+    )
     result = run_cli("capture", "not-a-target", "-o", "out", cwd=tmp_path)
     assert result.returncode == 2 and "must look like" in result.stderr
 
@@ -44,9 +46,7 @@ def test_capture_a_model_from_a_factory_file(tmp_path: Path) -> None:
 
 def test_capture_ranks_option(tmp_path: Path) -> None:
     (tmp_path / "factory.py").write_text(
-        "import torch\n"
-        "def build():\n"
-        "    return torch.nn.Sequential(torch.nn.Linear(3, 2)), torch.ones(1, 3)\n"
+        "import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(3, 2)), torch.ones(1, 3)\n"
     )
     result = run_cli("capture", "factory.py:build", "-o", "out", "--ranks", "all", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -177,7 +177,10 @@ def test_several_steps_are_compared_pairwise_and_extra_steps_listed(tmp_path: Pa
     result = graphtrace.compare(tmp_path / "a", tmp_path / "b")
     assert {call.step for call in result.calls} == {0, 1}
     assert [(item.step, item.call.path) for item in result.only_in_b] == [
-        (2, "Sequential"), (2, "Sequential.0"), (2, "Sequential.1"), (2, "Sequential.2"),
+        (2, "Sequential"),
+        (2, "Sequential.0"),
+        (2, "Sequential.1"),
+        (2, "Sequential.2"),
     ]
     first = result.first_divergence
     assert first is not None and first.step == 1 and first.a.path == "Sequential.0" and not first.inputs_agree

@@ -121,7 +121,11 @@ def test_rules_rename_whole_components_in_order() -> None:
     assert apply_rules(rules, "transformer.h.11.attn.c_attn", used) == "model.layers.11.self_attn.attn_proj"
     assert apply_rules(rules, "transformer.h.0.attn_norm", used) == "model.layers.0.attn_norm"  # not a component
     assert apply_rules(rules, "lm_head", used) == "lm_head"
-    assert {rule.text for rule in used} == {"transformer.h.{i}=model.layers.{i}", "attn=self_attn", "c_{kind}={kind}_proj"}
+    assert {rule.text for rule in used} == {
+        "transformer.h.{i}=model.layers.{i}",
+        "attn=self_attn",
+        "c_{kind}={kind}_proj",
+    }
     swap = parse_rule("blocks.{a}.{b}=stages.{b}.{a}")
     assert swap.apply("blocks.1.2.mlp") == "stages.2.1.mlp"
     assert parse_rule("h{i}=layers.{i}").apply("encoder.h12.norm") == "encoder.layers.12.norm"
@@ -157,10 +161,13 @@ def _flat(root: str, prefix: str, leaves: int, extra_every: int = 0) -> CallNode
 
     children = []
     for i in range(leaves):
-        children.append(CallNode(path=f"{root}.{prefix}{i}", type_name="Linear", args=(tensor(i),), outputs=tensor(i + 1)))
+        children.append(
+            CallNode(path=f"{root}.{prefix}{i}", type_name="Linear", args=(tensor(i),), outputs=tensor(i + 1))
+        )
         if extra_every and i % extra_every == 0:
-            children.append(CallNode(path=f"{root}.drop{i}", type_name="Dropout", args=(tensor(i + 1),),
-                                     outputs=tensor(i + 1)))
+            children.append(
+                CallNode(path=f"{root}.drop{i}", type_name="Dropout", args=(tensor(i + 1),), outputs=tensor(i + 1))
+            )
     return CallNode(path=root, leaf=False, args=(tensor(0),), outputs=tensor(leaves), children=tuple(children))
 
 

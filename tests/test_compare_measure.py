@@ -11,8 +11,12 @@ from graphtrace.compare.measure import Tolerance, measure, stats_close
 from graphtrace.model import Stats, TensorRecord
 
 
-def _record(stats: Stats | None, spec: tuple[str, str, str, str] | None = None, dtype: str = "torch.float32",
-            shape: tuple[int, ...] = (4,)) -> TensorRecord:
+def _record(
+    stats: Stats | None,
+    spec: tuple[str, str, str, str] | None = None,
+    dtype: str = "torch.float32",
+    shape: tuple[int, ...] = (4,),
+) -> TensorRecord:
     return TensorRecord(shape=shape, dtype=dtype, stats=stats, spec_stats=spec)
 
 
@@ -22,8 +26,11 @@ def test_default_tolerances_follow_torch_testing_per_dtype() -> None:
     assert default.for_dtypes("torch.float32", "torch.bfloat16") == (1.6e-2, 1e-5)  # the looser of the two
     assert default.for_dtypes("torch.int64", "torch.int64") == (0.0, 0.0)
     assert Tolerance(rtol=0.0).for_dtypes("torch.float16", "torch.float16") == (0.0, 1e-5)
-    for dtype, (rtol, atol) in [(torch.float16, (1e-3, 1e-5)), (torch.bfloat16, (1.6e-2, 1e-5)),
-                                (torch.float64, (1e-7, 1e-7))]:
+    for dtype, (rtol, atol) in [
+        (torch.float16, (1e-3, 1e-5)),
+        (torch.bfloat16, (1.6e-2, 1e-5)),
+        (torch.float64, (1e-7, 1e-7)),
+    ]:
         assert default.for_dtypes(str(dtype), str(dtype)) == (rtol, atol)
         x = torch.ones(3, dtype=dtype)  # torch agrees: just inside passes, just outside fails
         torch.testing.assert_close(x + (atol + rtol) * 0.5, x)
@@ -54,8 +61,12 @@ def test_values_nan_and_inf_agree_only_with_themselves() -> None:
     assert diff.basis == "values" and diff.status == "diverged"
     assert diff.outside == 3  # -inf vs inf, 0 vs 1e-6 (atol 0), 2 vs 2.5 (more than 10 %)
     assert diff.max_abs == math.inf and diff.max_rel == math.inf
-    assert diff.cosine == pytest.approx(float(torch.nn.functional.cosine_similarity(
-        torch.tensor([1.0, 0.0, 2.0]), torch.tensor([1.0, 1e-6, 2.5]), dim=0)), abs=1e-7)
+    assert diff.cosine == pytest.approx(
+        float(
+            torch.nn.functional.cosine_similarity(torch.tensor([1.0, 0.0, 2.0]), torch.tensor([1.0, 1e-6, 2.5]), dim=0)
+        ),
+        abs=1e-7,
+    )
     assert "3 of 6 elements outside tolerance" in diff.reason
     same = measure("outputs", record, "outputs", record, Tolerance(), values=(a, a.clone()))
     assert same.status == "equal" and same.max_abs == 0 and same.cosine == 1.0 and same.outside == 0
@@ -65,8 +76,13 @@ def test_shapes_and_missing_statistics() -> None:
     a, b = _record(None, shape=(2, 3)), _record(None, shape=(3, 2))
     shape = measure("outputs", a, "outputs_0", b, Tolerance())
     assert shape.status == "diverged" and shape.reason == "shape [2, 3] vs [3, 2]" and shape.basis == "none"
-    ints = measure("inputs_args_0", _record(None, dtype="torch.int64"), "inputs_args_0",
-                   _record(None, dtype="torch.int64"), Tolerance())
+    ints = measure(
+        "inputs_args_0",
+        _record(None, dtype="torch.int64"),
+        "inputs_args_0",
+        _record(None, dtype="torch.int64"),
+        Tolerance(),
+    )
     assert ints.status == "unchecked" and ints.reason == ""
     half = measure("outputs", _record(None), "outputs", _record(Stats(0, 1, -1, 1)), Tolerance())
     assert half.status == "unchecked" and half.reason == "no statistics in A"

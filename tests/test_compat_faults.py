@@ -93,7 +93,9 @@ def test_kwarg_named_value_stays_in_summary(tmp_path: Path) -> None:
     assert kwargs["value"]["shape"] == "torch.Size([1, 3])" and "value" not in kwargs["value"]
     assert kwargs["value"]["mean"] == "tensor(2.0000e+00)"
     full = json.loads((tmp_path / "ValueKwarg_debug_tree_FULL_TENSORS.json").read_text())
-    assert full["children"][0]["inputs"]["kwargs"]["value"]["value"] == ["tensor([[2.0000e+00, 2.0000e+00, 2.0000e+00]])"]
+    assert full["children"][0]["inputs"]["kwargs"]["value"]["value"] == [
+        "tensor([[2.0000e+00, 2.0000e+00, 2.0000e+00]])"
+    ]
 
 
 class Exploding(nn.Module):

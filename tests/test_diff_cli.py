@@ -12,8 +12,8 @@ import torch
 
 import graphtrace
 from graphtrace.cli.diff import use_color
-from tests.gpt2_port import GPT2_RULES, port_of
 from tests.conftest import run_cli
+from tests.gpt2_port import GPT2_RULES, port_of
 from tests.zoo import gpt2, llama
 
 ANSI = "\033["
@@ -45,7 +45,9 @@ def test_diverging_traces_exit_1_and_name_the_first_divergence(llamas: Path) -> 
     result = run_cli("diff", "original", "changed", cwd=llamas)
     assert result.returncode == 1, result.stderr
     out = result.stdout
-    assert "first divergence: model.layers.1.input_layernorm (LlamaRMSNorm): its inputs agree, its output does not" in out
+    assert (
+        "first divergence: model.layers.1.input_layernorm (LlamaRMSNorm): its inputs agree, its output does not" in out
+    )
     row = next(line for line in out.splitlines() if line.endswith("◀ first divergence"))
     assert row.startswith("✗  model.layers.1.input_layernorm") and " stats " in row
     assert ANSI not in out  # piped: plain text
@@ -79,8 +81,11 @@ def test_port_with_rules_and_by_structure(tmp_path: Path) -> None:
     assert "matched 35 calls (1 by path, 34 by rule); only in A: 8, only in B: 0" in by_rule.stdout
     strict = run_cli("diff", "gpt2", "port", "--all", "--strict", cwd=tmp_path)
     assert strict.returncode == 1 and "34 by structure" in strict.stdout
-    assert re.search(r"^✓  transformer\.h\.2\.mlp\.c_proj ↔ blocks\.2\.ffn\.down +structure +\[1, 7, 32\] +stats ",
-                     strict.stdout, re.M)
+    assert re.search(
+        r"^✓  transformer\.h\.2\.mlp\.c_proj ↔ blocks\.2\.ffn\.down +structure +\[1, 7, 32\] +stats ",
+        strict.stdout,
+        re.M,
+    )
     assert "only in A (8): transformer, transformer.drop, transformer.h.0.attn.resid_dropout" in strict.stdout
     assert "DIVERGED: the calls match but some have no counterpart (strict)" in strict.stdout
 

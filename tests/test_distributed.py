@@ -70,7 +70,9 @@ def test_ranks_all_writes_one_trace_per_rank_with_differing_local_shards(sharded
     for record in gate:
         info = record.dtensor  # type: ignore[union-attr]
         assert info is not None and (info.placements, info.mesh_shape, info.global_shape) == (
-            "(Shard(dim=2),)", (2,), (1, 7, 64)
+            "(Shard(dim=2),)",
+            (2,),
+            (1, 7, 64),
         )
     halves = [value(trace, GATE) for trace in traces]
     assert not torch.allclose(halves[0], halves[1])

@@ -9,8 +9,14 @@ from tests.conftest import ROOT, run_cli, run_python
 
 def test_distributed_example_runs_under_torchrun(tmp_path: Path) -> None:
     result = run_python(
-        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        str(ROOT / "examples" / "distributed_tp.py"), str(tmp_path / "out"), timeout=120,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(ROOT / "examples" / "distributed_tp.py"),
+        str(tmp_path / "out"),
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):

@@ -265,7 +265,10 @@ class ChecksChildOutputForNone(nn.Module):
     ("model", "reason"),
     [
         (CollectsWithHooks(), "Mismatch: the output: [1] has 0 items in the graph, 1 in the forward"),
-        (SetsAttributeOnOutput(), "TraceError: assigns attribute 'scale' on a traced value, which torch.fx cannot record"),
+        (
+            SetsAttributeOnOutput(),
+            "TraceError: assigns attribute 'scale' on a traced value, which torch.fx cannot record",
+        ),
         (ChecksIsinstance(), "Mismatch: the output: tensor differs"),
     ],
     ids=["hooks-collect-outputs", "attribute-on-output", "isinstance-on-traced-value"],
@@ -302,8 +305,11 @@ def _state(model: nn.Module) -> list[tuple[str, dict[str, Any]]]:
 def _same_state(before: list[tuple[str, dict[str, Any]]], after: list[tuple[str, dict[str, Any]]]) -> bool:
     def identity(value: Any) -> Any:
         if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], list):
-            return id(value[0]), [(k, id(v)) if isinstance(item, tuple) else id(item)
-                                  for item in value[1] for k, v in [item if isinstance(item, tuple) else (0, item)]]
+            return id(value[0]), [
+                (k, id(v)) if isinstance(item, tuple) else id(item)
+                for item in value[1]
+                for k, v in [item if isinstance(item, tuple) else (0, item)]
+            ]
         return id(value)
 
     return [(n, {k: identity(v) for k, v in a.items()}) for n, a in before] == [
@@ -311,8 +317,9 @@ def _same_state(before: list[tuple[str, dict[str, Any]]], after: list[tuple[str,
     ]
 
 
-@pytest.mark.parametrize("build", [lambda: (demo_model(), demo_inputs()), FX_ZOO["llama"], FX_ZOO["swin"]],
-                         ids=["demo", "llama", "swin"])
+@pytest.mark.parametrize(
+    "build", [lambda: (demo_model(), demo_inputs()), FX_ZOO["llama"], FX_ZOO["swin"]], ids=["demo", "llama", "swin"]
+)
 def test_auto_capture_leaves_nothing_behind(build: Any) -> None:
     model, inputs = build()
     with torch.no_grad():

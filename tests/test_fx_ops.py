@@ -26,7 +26,11 @@ def test_ops_are_children_of_their_module_in_the_order_they_ran(demo_ops: grapht
     names = [(child.kind, child.name) for child in attn.children]
     assert names[:3] == [("module", "q_proj"), ("op", "view"), ("op", "transpose")]
     assert names[-6:] == [
-        ("op", "masked_fill"), ("op", "softmax"), ("op", "matmul_1"), ("op", "transpose_4"), ("op", "reshape"),
+        ("op", "masked_fill"),
+        ("op", "softmax"),
+        ("op", "matmul_1"),
+        ("op", "transpose_4"),
+        ("op", "reshape"),
         ("module", "o_proj"),
     ]
     softmax = demo_ops.find("DemoTransformer.layers.0.attn#softmax")
@@ -46,7 +50,12 @@ def test_module_calls_keep_their_place_among_the_ops(demo_ops: graphtrace.Trace)
     assert kinds.index("softmax") < kinds.index("o_proj") == len(kinds) - 1
     layer = demo_ops.find("DemoTransformer.layers.0")
     assert [child.name for child in layer.children] == [
-        "input_norm", "attn", "add", "post_attention_norm", "mlp", "add_1",  # the two residual adds
+        "input_norm",
+        "attn",
+        "add",
+        "post_attention_norm",
+        "mlp",
+        "add_1",  # the two residual adds
     ]
 
 
@@ -74,10 +83,14 @@ def test_data_flow_follows_the_graph_through_functional_code(demo_ops: graphtrac
     down = "DemoTransformer.layers.0.mlp.down_proj"
     # down_proj(act(gate_proj(x)) * up_proj(x)): its input was computed in the MLP's own code
     assert eager.find(down).inputs_from == ()
-    assert no_ops.find(down).inputs_from == ("DemoTransformer.layers.0.mlp.act@0", "DemoTransformer.layers.0.mlp.up_proj@0")
+    assert no_ops.find(down).inputs_from == (
+        "DemoTransformer.layers.0.mlp.act@0",
+        "DemoTransformer.layers.0.mlp.up_proj@0",
+    )
     assert demo_ops.find(down).inputs_from == ("DemoTransformer.layers.0.mlp#mul@0",)
     assert demo_ops.find("DemoTransformer.layers.0.mlp#mul").inputs_from == (
-        "DemoTransformer.layers.0.mlp.act@0", "DemoTransformer.layers.0.mlp.up_proj@0",
+        "DemoTransformer.layers.0.mlp.act@0",
+        "DemoTransformer.layers.0.mlp.up_proj@0",
     )
     o_proj = no_ops.find("DemoTransformer.layers.0.attn.o_proj").inputs_from
     assert {f"DemoTransformer.layers.0.attn.{name}_proj@0" for name in "qkv"} | {"DemoTransformer.rotary@0"} == set(
@@ -140,7 +153,10 @@ def test_ops_of_a_verified_graph_are_saved_as_safetensors(tmp_path: Path) -> Non
     trace = graphtrace.capture(demo_model(), demo_inputs(), ops=True, values="safetensors", path=tmp_path)
     softmax: CallNode = trace.find("DemoTransformer.layers.0.attn#softmax")
     record = softmax.outputs
-    assert isinstance(record, TensorRecord) and record.file == "./DemoTransformer.layers.0.attn#softmax_outputs.safetensors"
+    assert (
+        isinstance(record, TensorRecord)
+        and record.file == "./DemoTransformer.layers.0.attn#softmax_outputs.safetensors"
+    )
     from safetensors.torch import load_file
 
     stored = load_file(str(tmp_path / record.file))["data"]

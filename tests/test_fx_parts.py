@@ -70,7 +70,11 @@ def test_the_trace_guard_allows_only_tensors_made_while_tracing() -> None:
         (immutable_list([1, None]), [1, None], None),
         ((1, 2), [1, 2], "value is tuple in the graph, list in the forward"),
         ({"a": 1, "b": 2}, {"b": 2, "a": 1}, "mapping has keys ['a', 'b'] in the graph, ['b', 'a'] in the forward"),
-        ({"x": [torch.ones(1), None]}, {"x": [torch.ones(1), 3]}, "['x'][1] is NoneType in the graph, int in the forward"),
+        (
+            {"x": [torch.ones(1), None]},
+            {"x": [torch.ones(1), 3]},
+            "['x'][1] is NoneType in the graph, int in the forward",
+        ),
         (object(), object(), "value is another object object in the graph than in the forward"),
     ],
 )
@@ -150,7 +154,9 @@ class UsesShapes(nn.Module):
 
 
 def _trace(module: nn.Module, *args: object) -> Plan | str:
-    context = TraceContext(FakeTensorMode(), lambda child, a, k: trace_module(child, child.forward, signature(child, a, k), context))
+    context = TraceContext(
+        FakeTensorMode(), lambda child, a, k: trace_module(child, child.forward, signature(child, a, k), context)
+    )
     return trace_module(module, module.forward, signature(module, args, {}), context)
 
 

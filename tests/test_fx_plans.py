@@ -127,7 +127,8 @@ def test_structurally_checked_layers_get_the_data_flow_of_the_verified_one(repla
         rename = lambda name: "previous" if name == previous else name.replace(prefix, "L.")  # noqa: E731
         return [
             (rename(node.id), tuple(rename(source) for source in node.inputs_from))
-            for node in trace.walk() if node.path.startswith(prefix)
+            for node in trace.walk()
+            if node.path.startswith(prefix)
         ]
 
     assert inside(1) == inside(2) == inside(3) == inside(0)

@@ -29,7 +29,8 @@ def test_strategy_fx_raises_after_the_forward_with_every_module_and_reason(tmp_p
     error = raised.value
     assert isinstance(error, RuntimeError) and isinstance(error, GraphtraceError)
     assert set(error.fallbacks) == {
-        "LlamaForCausalLM.model", *(f"LlamaForCausalLM.model.layers.{i}.self_attn" for i in range(3))
+        "LlamaForCausalLM.model",
+        *(f"LlamaForCausalLM.model.layers.{i}.self_attn" for i in range(3)),
     }
     message = str(error)
     assert message.startswith("strategy='fx': torch.fx could not serve 4 modules:")

@@ -9,7 +9,14 @@ from tests.fx_equivalence import check_zoo_model
 # The fewest module calls fx serves per model today (a regression guard; more is welcome). With the default
 # use_cache=True the attention modules call the cache's update() and the model body builds the cache: those stay eager.
 FX_SERVED_AT_LEAST = {
-    "gpt2": 39, "llama": 41, "mistral": 41, "qwen2": 41, "gemma2": 47, "phi": 42, "mixtral": 38, "mamba": 19,
+    "gpt2": 39,
+    "llama": 41,
+    "mistral": 41,
+    "qwen2": 41,
+    "gemma2": 47,
+    "phi": 42,
+    "mixtral": 38,
+    "mamba": 19,
 }
 
 

@@ -10,8 +10,16 @@ from tests.zoo import FX_ZOO
 
 # The fewest module calls fx serves per model today (a regression guard; more is welcome).
 FX_SERVED_AT_LEAST = {
-    "vit": 51, "swin": 62, "resnet": 46, "convnext": 31, "clip": 63, "llava": 63, "wav2vec2": 52,
-    "data_dependent_branch": 2, "shared_weights": 10, "nested_outputs": 4,
+    "vit": 51,
+    "swin": 62,
+    "resnet": 46,
+    "convnext": 31,
+    "clip": 63,
+    "llava": 63,
+    "wav2vec2": 52,
+    "data_dependent_branch": 2,
+    "shared_weights": 10,
+    "nested_outputs": 4,
 }
 
 

@@ -138,10 +138,14 @@ def test_a_single_forward_with_a_filled_cache_is_a_decoding_step() -> None:
     second = graphtrace.capture(model, {"input_ids": ids[:, :2], "past_key_values": cache})
     without = graphtrace.capture(model, {"input_ids": ids, "use_cache": False})
     assert (first.step_info[0].phase, first.step_info[0].cached_tokens, first.step_info[0].new_tokens) == (
-        "prefill", 0, 7
+        "prefill",
+        0,
+        7,
     )
     assert (second.step_info[0].phase, second.step_info[0].cached_tokens, second.step_info[0].new_tokens) == (
-        "decode", 7, 2
+        "decode",
+        7,
+        2,
     )
     assert without.step_info == (StepInfo(),) and without.step_info[0].phase == "forward"
 

@@ -26,18 +26,25 @@ def test_load_a_trace_written_by_transformers(tmp_path: Path) -> None:
     record = q_proj.outputs
     assert isinstance(record, TensorRecord) and record.shape == (1, 7, 32) and record.file is not None
     assert record.stats is not None and record.spec_stats is not None
-    assert record.stats.mean == float(record.spec_stats[0][len("tensor("):-1])
+    assert record.stats.mean == float(record.spec_stats[0][len("tensor(") : -1])
     assert (tmp_path / record.file).is_file()
 
 
 def test_own_file_round_trips_non_finite_statistics(tmp_path: Path) -> None:
     record = TensorRecord(
-        shape=(2,), dtype="torch.float32", stats=Stats(math.nan, math.nan, -math.inf, math.inf),
-        spec_stats=("tensor(nan)", "tensor(nan)", "tensor(-inf)", "tensor(inf)"), nan_count=1, inf_count=1,
+        shape=(2,),
+        dtype="torch.float32",
+        stats=Stats(math.nan, math.nan, -math.inf, math.inf),
+        spec_stats=("tensor(nan)", "tensor(nan)", "tensor(-inf)", "tensor(inf)"),
+        nan_count=1,
+        inf_count=1,
     )
-    root = CallNode(path="M", type_name="M", leaf=False, children=(
-        CallNode(path="M.x", type_name="Linear", outputs=(record, {"k": "None"}), inputs_from=("M@0",)),
-    ))
+    root = CallNode(
+        path="M",
+        type_name="M",
+        leaf=False,
+        children=(CallNode(path="M.x", type_name="Linear", outputs=(record, {"k": "None"}), inputs_from=("M@0",)),),
+    )
     trace = Trace(steps=(root,), meta=TraceMeta(model_class="M"))
     trace.save(tmp_path)
     text = (tmp_path / "M_graphtrace.json").read_text()

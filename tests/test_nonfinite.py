@@ -9,8 +9,7 @@ import torch
 from torch import nn
 
 import graphtrace
-from tests.conftest import run_reference
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_reference
 from tests.zoo import llama
 
 UP_PROJ = "LlamaForCausalLM.model.layers.1.mlp.up_proj"

@@ -223,12 +223,16 @@ def test_errors_fallbacks_and_ops_are_carried_to_the_nodes(demo_trace: Trace) ->
     assert call_graph(fallback, depth=1).nodes[f"{DEMO}.layers.3@0"]["fallbacks_inside"] == 1
 
     norm = demo_trace.find(f"{DEMO}.norm")
-    op = CallNode(path=f"{DEMO}.norm.mul", type_name="mul", kind="op", outputs=norm.outputs,
-                  inputs_from=(f"{DEMO}.layers.3@0",))
-    with_op = dataclasses.replace(demo_trace.root, children=tuple(
-        dataclasses.replace(child, children=(op,), leaf=False) if child.path == norm.path else child
-        for child in demo_trace.root.children
-    ))
+    op = CallNode(
+        path=f"{DEMO}.norm.mul", type_name="mul", kind="op", outputs=norm.outputs, inputs_from=(f"{DEMO}.layers.3@0",)
+    )
+    with_op = dataclasses.replace(
+        demo_trace.root,
+        children=tuple(
+            dataclasses.replace(child, children=(op,), leaf=False) if child.path == norm.path else child
+            for child in demo_trace.root.children
+        ),
+    )
     graph = call_graph(dataclasses.replace(demo_trace, steps=(with_op,)))
     assert graph.nodes[f"{DEMO}.norm.mul@0"]["kind"] == "op" and graph.nodes[f"{DEMO}.norm@0"]["cluster"]
     assert graph.has_edge(f"{DEMO}.layers.0@0", f"{DEMO}.norm.mul@0")

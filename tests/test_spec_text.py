@@ -12,26 +12,42 @@ from graphtrace.model import CallNode, Stats, TensorRecord, Trace, TraceMeta
 
 
 def _record(**changes: object) -> TensorRecord:
-    base = dict(shape=(1, 2), dtype="torch.float32", stats=Stats(0.5, 0.1, 0.0, 1.0),
-                spec_stats=("tensor(5.0000e-01)", "tensor(1.0000e-01)", "tensor(0.)", "tensor(1.)"))
+    base = dict(
+        shape=(1, 2),
+        dtype="torch.float32",
+        stats=Stats(0.5, 0.1, 0.0, 1.0),
+        spec_stats=("tensor(5.0000e-01)", "tensor(1.0000e-01)", "tensor(0.)", "tensor(1.)"),
+    )
     return TensorRecord(**{**base, **changes})  # type: ignore[arg-type]
 
 
 def _tree() -> CallNode:
     lines = _record(value=("tensor([[0.0000e+00, 1.0000e+00]])",))
     leaf = CallNode(
-        path="M.blocks.0.proj", type_name="Linear",
+        path="M.blocks.0.proj",
+        type_name="Linear",
         args=(lines, "None", (), {}),
-        kwargs={"value": "a kwarg named value", 3: lines, "é\u2028\"q\"": ("x", {"k": _record(file="./f.safetensors")})},
+        kwargs={"value": "a kwarg named value", 3: lines, 'é\u2028"q"': ("x", {"k": _record(file="./f.safetensors")})},
         outputs=(_record(dtype="torch.int64", stats=None, spec_stats=None, value=()), "True"),
     )
-    failed = CallNode(path="M.blocks.1", type_name="Block", leaf=False, error="ValueError: bad \"input\"",
-                      children=(CallNode(path="M.blocks.1.inner", outputs=None, error="ValueError: bad"),))
+    failed = CallNode(
+        path="M.blocks.1",
+        type_name="Block",
+        leaf=False,
+        error='ValueError: bad "input"',
+        children=(CallNode(path="M.blocks.1.inner", outputs=None, error="ValueError: bad"),),
+    )
     op = CallNode(path="M.blocks.0.relu", kind="op", outputs=_record())
     block = CallNode(path="M.blocks.0", type_name="Block", leaf=False, children=(leaf, op), outputs=_record())
     unused = CallNode(path="M.never", type_name="Sequential", leaf=False)
-    return CallNode(path="M", type_name="M", leaf=False, kwargs={"x": lines}, children=(block, failed, unused),
-                    outputs={"logits": _record()})
+    return CallNode(
+        path="M",
+        type_name="M",
+        leaf=False,
+        kwargs={"x": lines},
+        children=(block, failed, unused),
+        outputs={"logits": _record()},
+    )
 
 
 def test_texts_equal_json_dumps_of_the_spec_dicts() -> None:
@@ -56,8 +72,11 @@ def test_own_file_has_one_call_per_line_and_loads_back(tmp_path: Path) -> None:
     trace.save(tmp_path)
     text = (tmp_path / "M_graphtrace.json").read_text()
     json.loads(text, parse_constant=lambda name: (_ for _ in ()).throw(AssertionError(name)))
-    paths = [json.loads(line.strip().rstrip(",") + "]}")["path"] for line in text.splitlines()[1:]
-             if line.lstrip().startswith('{"path"') and line.rstrip().endswith('"children":[')]
+    paths = [
+        json.loads(line.strip().rstrip(",") + "]}")["path"]
+        for line in text.splitlines()[1:]
+        if line.lstrip().startswith('{"path"') and line.rstrip().endswith('"children":[')
+    ]
     assert paths == ["M", "M.blocks.0", "M.blocks.1"]
     loaded = graphtrace.load(str(tmp_path))
     assert [n.id for n in loaded.walk()] == [n.id for n in trace.walk()]

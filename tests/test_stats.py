@@ -52,8 +52,12 @@ def test_autograd_and_subclasses_take_the_references_path() -> None:
         assert summarize(p).spec_stats == _reference_strings(p)
         assert "grad_fn=<MeanBackward0>" in summarize(p).spec_stats[0]
     with torch.no_grad():
-        assert summarize(p).spec_stats == ("tensor(1.5000e+00)", "tensor(7.0711e-01)", "tensor(1.0000e+00)",
-                                           "tensor(2.0000e+00)")
+        assert summarize(p).spec_stats == (
+            "tensor(1.5000e+00)",
+            "tensor(7.0711e-01)",
+            "tensor(1.0000e+00)",
+            "tensor(2.0000e+00)",
+        )
 
 
 def test_format_scalar_special_values() -> None:

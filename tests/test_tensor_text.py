@@ -11,10 +11,35 @@ import torch
 from graphtrace.io.tensor_repr import _printable_from_values, repr_lines
 from graphtrace.reprs import SPEC_LINEWIDTH, spec_printoptions
 
-SHAPES = [(), (1,), (6,), (7,), (1, 16, 64), (2, 3, 4, 5), (1000,), (1001,), (3, 400), (6, 6, 6, 6), (7, 7, 7),
-          (1, 4, 16, 16), (2, 1, 3), (1, 1, 1, 1, 1200), (33, 31), (1, 16, 32)]
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int8,
-          torch.uint8, torch.bool]
+SHAPES = [
+    (),
+    (1,),
+    (6,),
+    (7,),
+    (1, 16, 64),
+    (2, 3, 4, 5),
+    (1000,),
+    (1001,),
+    (3, 400),
+    (6, 6, 6, 6),
+    (7, 7, 7),
+    (1, 4, 16, 16),
+    (2, 1, 3),
+    (1, 1, 1, 1, 1200),
+    (33, 31),
+    (1, 16, 32),
+]
+DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+]
 
 
 def _torchs(t: torch.Tensor) -> tuple[str, ...]:

@@ -35,8 +35,13 @@ def llama(layers: int = LAYERS) -> Example:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
     )
     return _build(LlamaForCausalLM, config), {"input_ids": _ids()}
 
@@ -45,8 +50,12 @@ def bert() -> Example:
     from transformers import BertConfig, BertModel
 
     config = BertConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
-        num_attention_heads=4, max_position_embeddings=64,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        max_position_embeddings=64,
     )
     ids = _ids()
     return _build(BertModel, config), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -63,8 +72,14 @@ def t5() -> Example:
     from transformers import T5Config, T5ForConditionalGeneration
 
     config = T5Config(
-        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=LAYERS, num_decoder_layers=LAYERS,
-        num_heads=4, decoder_start_token_id=0,
+        vocab_size=VOCAB,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=LAYERS,
+        num_decoder_layers=LAYERS,
+        num_heads=4,
+        decoder_start_token_id=0,
     )
     return _build(T5ForConditionalGeneration, config), {"input_ids": _ids(), "decoder_input_ids": _ids(length=4)}
 
@@ -73,7 +88,11 @@ def vit() -> Example:
     from transformers import ViTConfig, ViTModel
 
     config = ViTConfig(
-        image_size=32, patch_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS,
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
         num_attention_heads=4,
     )
     return _build(ViTModel, config), {"pixel_values": _pixels()}
@@ -84,8 +103,14 @@ def vit() -> Example:
 
 def _decoder(config_class: Any, model_class: Any, **extra: Any) -> Example:
     config = config_class(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, **extra,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        **extra,
     )
     return _build(model_class, config), {"input_ids": _ids()}
 
@@ -131,7 +156,11 @@ def roberta() -> Example:
     from transformers import RobertaConfig, RobertaModel
 
     config = RobertaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS, num_attention_heads=4,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
         max_position_embeddings=64,
     )
     ids = _ids()
@@ -150,8 +179,15 @@ def bart() -> Example:
     from transformers import BartConfig, BartForConditionalGeneration
 
     config = BartConfig(
-        vocab_size=VOCAB, d_model=32, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        vocab_size=VOCAB,
+        d_model=32,
+        encoder_layers=LAYERS,
+        decoder_layers=LAYERS,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
     )
     return _build(BartForConditionalGeneration, config), {"input_ids": _ids(), "decoder_input_ids": _ids(length=4)}
 
@@ -160,13 +196,26 @@ def whisper() -> Example:
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     config = WhisperConfig(
-        vocab_size=VOCAB, num_mel_bins=8, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_source_positions=16,
-        max_target_positions=32, decoder_start_token_id=0, pad_token_id=0, bos_token_id=0, eos_token_id=0,
+        vocab_size=VOCAB,
+        num_mel_bins=8,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_source_positions=16,
+        max_target_positions=32,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     features = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(3))
     return _build(WhisperForConditionalGeneration, config), {
-        "input_features": features, "decoder_input_ids": _ids(length=4),
+        "input_features": features,
+        "decoder_input_ids": _ids(length=4),
     }
 
 
@@ -174,7 +223,12 @@ def swin() -> Example:
     from transformers import SwinConfig, SwinModel
 
     config = SwinConfig(
-        image_size=32, patch_size=4, embed_dim=16, depths=[1, 2], num_heads=[2, 4], window_size=4,
+        image_size=32,
+        patch_size=4,
+        embed_dim=16,
+        depths=[1, 2],
+        num_heads=[2, 4],
+        window_size=4,
     )
     return _build(SwinModel, config), {"pixel_values": _pixels()}
 
@@ -197,8 +251,13 @@ def _clip_vision(image_size: int = 32) -> Any:
     from transformers import CLIPVisionConfig
 
     return CLIPVisionConfig(
-        image_size=image_size, patch_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, projection_dim=16,
+        image_size=image_size,
+        patch_size=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        projection_dim=16,
     )
 
 
@@ -206,13 +265,20 @@ def clip() -> Example:
     from transformers import CLIPConfig, CLIPModel, CLIPTextConfig
 
     text = CLIPTextConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=16, projection_dim=16,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=16,
+        projection_dim=16,
     )
     config = CLIPConfig(text_config=text.to_dict(), vision_config=_clip_vision().to_dict(), projection_dim=16)
     ids = _ids(batch=2)
     return _build(CLIPModel, config), {
-        "input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": _pixels().repeat(2, 1, 1, 1),
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "pixel_values": _pixels().repeat(2, 1, 1, 1),
     }
 
 
@@ -220,12 +286,20 @@ def llava() -> Example:
     from transformers import LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
     text = LlamaConfig(
-        vocab_size=VOCAB + 1, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64,
+        vocab_size=VOCAB + 1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
     )
     config = LlavaConfig(
-        vision_config=_clip_vision(image_size=16).to_dict(), text_config=text.to_dict(), image_token_index=VOCAB,
-        image_seq_length=4, vision_feature_layer=-1,
+        vision_config=_clip_vision(image_size=16).to_dict(),
+        text_config=text.to_dict(),
+        image_token_index=VOCAB,
+        image_seq_length=4,
+        vision_feature_layer=-1,
     )
     # 16 / 8 = 2 x 2 patches: four image tokens, the CLS position dropped by the default feature selection
     ids = torch.cat([_ids(length=3), torch.full((1, 4), VOCAB), _ids(length=3, seed=4)], dim=1)
@@ -236,8 +310,15 @@ def wav2vec2() -> Example:
     from transformers import Wav2Vec2Config, Wav2Vec2Model
 
     config = Wav2Vec2Config(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, conv_dim=(16, 16),
-        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        conv_dim=(16, 16),
+        conv_stride=(5, 2),
+        conv_kernel=(10, 3),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
     )
     audio = torch.randn(1, 800, generator=torch.Generator().manual_seed(5))
     return _build(Wav2Vec2Model, config), {"input_values": audio}

@@ -32,7 +32,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "arguments, a tuple of positional arguments or a tensor."
         ),
     )
-    parser.add_argument("target", metavar="TARGET", help="module:function or file.py:function returning (model, inputs)")
+    parser.add_argument(
+        "target", metavar="TARGET", help="module:function or file.py:function returning (model, inputs)"
+    )
     parser.add_argument("-o", "--output", required=True, help="directory for the trace files")
     parser.add_argument(
         "--generate",
@@ -81,8 +83,10 @@ def run(args: argparse.Namespace) -> int:
         )
     model, inputs = built
     started = time.perf_counter()
-    trace = generate_with_options(model, inputs, args) if args.generate is not None else capture_with_options(
-        model, inputs, args
+    trace = (
+        generate_with_options(model, inputs, args)
+        if args.generate is not None
+        else capture_with_options(model, inputs, args)
     )
     print(f"graphtrace capture: traced {trace_summary(trace)} in {time.perf_counter() - started:.2f} s")
     print(describe_files(Path(args.output)))

@@ -21,16 +21,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("trace", metavar="TRACE", help="trace directory (or one of its JSON files)")
     parser.add_argument(
-        "-o", "--output", default=None,
+        "-o",
+        "--output",
+        default=None,
         help=f"picture to write, by its suffix: {', '.join(FORMATS)} (default: TRACE/{{Class}}{GRAPH_SUFFIX}.svg)",
     )
     parser.add_argument("--depth", type=int, default=None, help="draw calls down to this depth (root = 0)")
-    parser.add_argument("--focus", metavar="PATH", default=None,
-                        help="draw only this call's subtree, e.g. model.layers.3 (add @N for its N-th call)")
+    parser.add_argument(
+        "--focus",
+        metavar="PATH",
+        default=None,
+        help="draw only this call's subtree, e.g. model.layers.3 (add @N for its N-th call)",
+    )
     parser.add_argument("--unfold", action="store_true", help="draw every repeated block instead of folding them")
     parser.add_argument("--step", type=int, default=-1, help="which top-level forward call to draw (default: last)")
-    parser.add_argument("--max-boxes", type=int, default=DEFAULT_MAX_BOXES,
-                        help=f"box budget when --depth is not given (default: {DEFAULT_MAX_BOXES}; 0: no budget)")
+    parser.add_argument(
+        "--max-boxes",
+        type=int,
+        default=DEFAULT_MAX_BOXES,
+        help=f"box budget when --depth is not given (default: {DEFAULT_MAX_BOXES}; 0: no budget)",
+    )
     parser.set_defaults(run=run)
 
 

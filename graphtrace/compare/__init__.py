@@ -59,13 +59,17 @@ def _check_tolerance(name: str, value: float | None) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise InvalidOptionError(f"{name} must be a finite number >= 0 (or None for the dtype's default), got {value!r}.")
+        raise InvalidOptionError(
+            f"{name} must be a finite number >= 0 (or None for the dtype's default), got {value!r}."
+        )
 
 
 def _step_pairs(a: Trace, b: Trace, step: int | None) -> list[tuple[int | None, int | None]]:
     if step is None:
-        return [(i if i < len(a.steps) else None, i if i < len(b.steps) else None)
-                for i in range(max(len(a.steps), len(b.steps)))]
+        return [
+            (i if i < len(a.steps) else None, i if i < len(b.steps) else None)
+            for i in range(max(len(a.steps), len(b.steps)))
+        ]
     for trace, which in ((a, "A"), (b, "B")):
         if not -len(trace.steps) <= step < len(trace.steps):
             raise InvalidOptionError(

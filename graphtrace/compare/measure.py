@@ -238,7 +238,13 @@ def _from_values(ta: Any, tb: Any, base: dict[str, Any]) -> TensorDiff:
     status: Status = "equal" if outside == 0 else "diverged"
     reason = "" if outside == 0 else f"{outside} of {diff.numel()} elements outside tolerance, max |Δ| {max_abs:.3g}"
     return TensorDiff(
-        **base, basis="values", status=status, max_abs=max_abs, max_rel=max_rel, cosine=cosine, outside=outside,
+        **base,
+        basis="values",
+        status=status,
+        max_abs=max_abs,
+        max_rel=max_rel,
+        cosine=cosine,
+        outside=outside,
         reason=reason,
     )
 
@@ -254,8 +260,14 @@ def measure(
     """Compare two tensor records; ``values`` holds both full tensors when they are available."""
     rtol, atol = tolerance.for_dtypes(a.dtype, b.dtype)
     base: dict[str, Any] = {
-        "name_a": name_a, "name_b": name_b, "shape_a": a.shape, "shape_b": b.shape,
-        "dtype_a": a.dtype, "dtype_b": b.dtype, "rtol": rtol, "atol": atol,
+        "name_a": name_a,
+        "name_b": name_b,
+        "shape_a": a.shape,
+        "shape_b": b.shape,
+        "dtype_a": a.dtype,
+        "dtype_b": b.dtype,
+        "rtol": rtol,
+        "atol": atol,
     }
     if a.shape != b.shape:
         return TensorDiff(**base, basis="none", status="diverged", reason=f"shape {list(a.shape)} vs {list(b.shape)}")

@@ -23,8 +23,17 @@ UNMATCHED_NAMES = 6
 
 _RESET = "\033[0m"
 _STYLES = {"ok": "\033[32m", "bad": "\033[31m", "warn": "\033[33m", "dim": "\033[2m", "bold": "\033[1m"}
-_HEADERS = ("", "call (in the order calls returned)", "how", "output", "basis", "max |Δ|", "max rel", "cosine",
-            "outside")
+_HEADERS = (
+    "",
+    "call (in the order calls returned)",
+    "how",
+    "output",
+    "basis",
+    "max |Δ|",
+    "max rel",
+    "cosine",
+    "outside",
+)
 _PATH_WIDTH = 64
 
 
@@ -174,7 +183,7 @@ def _verdict(comparison: Comparison, paint: _Painter) -> list[str]:
         count = len(comparison.diverged)
         lines.append(paint(f"DIVERGED: {count} of {matched} matched calls differ", "bad", "bold"))
     else:
-        lines.append(paint(f"DIVERGED: the calls match but some have no counterpart (strict)", "bad", "bold"))
+        lines.append(paint("DIVERGED: the calls match but some have no counterpart (strict)", "bad", "bold"))
     return lines
 
 

@@ -81,8 +81,21 @@ class _Seen:
 class Frame:
     """A call in progress."""
 
-    __slots__ = ("path", "index", "name", "id", "type_name", "leaf", "strategy", "root", "args", "kwargs",
-                 "children", "inputs_from", "kind")
+    __slots__ = (
+        "path",
+        "index",
+        "name",
+        "id",
+        "type_name",
+        "leaf",
+        "strategy",
+        "root",
+        "args",
+        "kwargs",
+        "children",
+        "inputs_from",
+        "kind",
+    )
 
     def __init__(
         self, path: str, index: int, type_name: str, leaf: bool, strategy: str, root: bool, kind: CallKind = "module"

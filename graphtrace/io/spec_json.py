@@ -209,7 +209,9 @@ class _SpecWriter:
     def tensor(self, record: TensorRecord, level: int) -> None:
         append = self.chunks.append
         inner = self.newline(level + 1)
-        append("{" + inner + '"shape": "' + spec_shape(record.shape) + '",' + inner + '"dtype": ' + _escape(record.dtype))
+        append(
+            "{" + inner + '"shape": "' + spec_shape(record.shape) + '",' + inner + '"dtype": ' + _escape(record.dtype)
+        )
         if record.value is not None or record.file is not None:
             start = len(self.chunks)
             if record.value is not None:
@@ -226,8 +228,23 @@ class _SpecWriter:
         if stats is not None:
             mean, std, low, high = map(_escape, stats)
             tail = (
-                "," + inner + '"mean": ' + mean + "," + inner + '"std": ' + std
-                + "," + inner + '"min": ' + low + "," + inner + '"max": ' + high + tail
+                ","
+                + inner
+                + '"mean": '
+                + mean
+                + ","
+                + inner
+                + '"std": '
+                + std
+                + ","
+                + inner
+                + '"min": '
+                + low
+                + ","
+                + inner
+                + '"max": '
+                + high
+                + tail
             )
         append(tail)
 

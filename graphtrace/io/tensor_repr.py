@@ -18,10 +18,20 @@ from graphtrace.reprs import SPEC_LINEWIDTH, sanitize_repr, spec_printoptions
 
 __all__ = ["PrintedValues", "lines_of", "printed_values", "repr_lines"]
 
-_TEXT_DTYPES = frozenset({
-    torch.float32, torch.float64, torch.float16, torch.bfloat16,
-    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
-})
+_TEXT_DTYPES = frozenset(
+    {
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    }
+)
 """The dtypes printed here (complex, float8 and the rarer integer types take torch's printer)."""
 
 _CACHE_LIMIT = 4096

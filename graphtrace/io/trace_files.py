@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from graphtrace.errors import OutputPathError, TraceFormatError
-from graphtrace.io.spec_json import FULL_SUFFIX, SUMMARY_SUFFIX, read_spec_file, write_spec_files
 from graphtrace.io.safetensors_format import split_reference
+from graphtrace.io.spec_json import FULL_SUFFIX, SUMMARY_SUFFIX, read_spec_file, write_spec_files
 from graphtrace.io.trace_json import trace_from_json, trace_text
 from graphtrace.model import CallNode, TensorRecord, Trace, TraceMeta
 
@@ -53,8 +53,7 @@ def prepare_directory(path: str | os.PathLike[str], *, what: str = "trace direct
             pass
     except OSError as exc:
         raise OutputPathError(
-            f"cannot write into {what} {str(directory)!r}: {exc.strerror or exc}. "
-            "Choose a directory you can write to."
+            f"cannot write into {what} {str(directory)!r}: {exc.strerror or exc}. Choose a directory you can write to."
         ) from exc
     return directory
 
@@ -175,4 +174,3 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
         strategy="unknown",
     )
     return Trace(steps=(root,), meta=meta, directory=directory)
-

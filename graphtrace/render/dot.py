@@ -128,8 +128,7 @@ def _output_format(target: Path) -> str | None:
     suffix = target.suffix.lower()
     if suffix not in FORMATS:
         raise InvalidOptionError(
-            f"cannot tell the picture format from {target.name!r}: end the file name with "
-            f"{', '.join(FORMATS)}."
+            f"cannot tell the picture format from {target.name!r}: end the file name with {', '.join(FORMATS)}."
         )
     return FORMATS[suffix]
 

@@ -150,7 +150,7 @@ class _Folder:
 
     def _signature(self, node: CallNode, base: str) -> tuple[object, ...]:
         return (
-            node.path[len(base):],
+            node.path[len(base) :],
             node.type_name,
             node.kind,
             node.strategy,

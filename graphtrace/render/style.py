@@ -187,17 +187,26 @@ def caption(meta: Mapping[str, Any]) -> str:
         notes.append(f"depth ≤ {meta['depth']}{why}")
     notes.append("identical repeated blocks folded" if meta["folded"] else "every block drawn")
     legend = [
-        ("<B>name</B><BR/>Class<BR/>[shape] dtype",
-         f"a call: short name, module class,{_LEFT_BREAK}output shape and dtype{_LEFT_BREAK}", {"bgcolor": "white"}),
+        (
+            "<B>name</B><BR/>Class<BR/>[shape] dtype",
+            f"a call: short name, module class,{_LEFT_BREAK}output shape and dtype{_LEFT_BREAK}",
+            {"bgcolor": "white"},
+        ),
         ("<I>+N calls inside</I>", "calls below the depth limit", {"bgcolor": COLLAPSED_FILL}),
         ("Class ×N", "N identical repeated blocks drawn once", {"bgcolor": FOLDED_FILL, "color": FOLDED_BORDER}),
-        (f'<FONT COLOR="{RED}"><B>NaN · Inf</B></FONT>', "output holds NaN or Inf",
-         {"bgcolor": RED_FILL, "color": RED}),
+        (
+            f'<FONT COLOR="{RED}"><B>NaN · Inf</B></FONT>',
+            "output holds NaN or Inf",
+            {"bgcolor": RED_FILL, "color": RED},
+        ),
         (f'<FONT COLOR="{ORANGE}">eager fallback</FONT>', "torch.fx could not trace it", {"color": ORANGE}),
         (f'<FONT COLOR="{DARK_RED}"><B>raised</B></FONT>', "the call raised an exception", {"color": DARK_RED}),
         ("───▶", "data flow: an output fed an input", {}),
-        (f'<FONT COLOR="{FAINT}">- - -▶</FONT>',
-         f"inferred from call order:{_LEFT_BREAK}computed between module calls{_LEFT_BREAK}", {}),
+        (
+            f'<FONT COLOR="{FAINT}">- - -▶</FONT>',
+            f"inferred from call order:{_LEFT_BREAK}computed between module calls{_LEFT_BREAK}",
+            {},
+        ),
     ]
     cells = []
     for sample, meaning, attributes in legend:
@@ -209,6 +218,6 @@ def caption(meta: Mapping[str, Any]) -> str:
         '<<FONT POINT-SIZE="10"><TABLE BORDER="0" CELLBORDER="1" CELLSPACING="3" CELLPADDING="3">'
         f'<TR><TD COLSPAN="4" BORDER="0" ALIGN="LEFT"><FONT POINT-SIZE="12">{title}</FONT></TD></TR>'
         f'<TR><TD COLSPAN="4" BORDER="0" ALIGN="LEFT"><FONT POINT-SIZE="10" COLOR="{MUTED}">'
-        f'{"  ·  ".join(notes)}</FONT></TD></TR>'
+        f"{'  ·  '.join(notes)}</FONT></TD></TR>"
         f"{rows}</TABLE></FONT>>"
     )

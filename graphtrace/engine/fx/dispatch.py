@@ -36,6 +36,7 @@ from graphtrace.errors import describe_error
 
 __all__ = ["PLANS_PER_MODULE", "FxEngine", "attach_fx"]
 
+
 class FxEngine:
     """The state of fx capture for one model: the plan store and the module keys, the plans verified in this
     capture, the replays in progress, and the fallbacks (module path -> reason)."""
@@ -176,7 +177,11 @@ class FxEngine:
         if replay.finish(output):
             replay.frame.strategy = "fx"
             self._verified[id(replay.plan)] = replay.plan
-            if replay.frame.leaf and not isinstance(replay, StructuralReplay) and self._keys.get(id(module)) is not None:
+            if (
+                replay.frame.leaf
+                and not isinstance(replay, StructuralReplay)
+                and self._keys.get(id(module)) is not None
+            ):
                 self._store.proven_leaves[id(replay.plan)] = replay.plan
             return
         assert replay.failure is not None
@@ -197,8 +202,6 @@ def attach_fx(
     engine = FxEngine(recorder, ops, frozenset(path for path, _ in paths), store, keys)
     for path, module in paths:
         is_root = module is model
-        wrapper = engine.wrap(
-            module, path, module.forward, root=is_root, no_grad=root_no_grad if is_root else True
-        )
+        wrapper = engine.wrap(module, path, module.forward, root=is_root, no_grad=root_no_grad if is_root else True)
         ledger.set_instance_attr(module, "forward", wrapper)
     return engine.fallbacks

@@ -193,7 +193,9 @@ def difference(replayed: Any, actual: Any, where: str = "") -> str | None:
             return None
         return f"tensor{where} differs"
     if _plain(replayed) is not _plain(actual):
-        return f"{where or 'value'} is {_plain(replayed).__name__} in the graph, {_plain(actual).__name__} in the forward"
+        return (
+            f"{where or 'value'} is {_plain(replayed).__name__} in the graph, {_plain(actual).__name__} in the forward"
+        )
     if isinstance(actual, (list, tuple)):
         if len(replayed) != len(actual):
             return f"{where or 'sequence'} has {len(replayed)} items in the graph, {len(actual)} in the forward"

@@ -92,8 +92,15 @@ def _tensor_key(tensor: torch.Tensor | None) -> Hashable:
     if tensor is None:
         return None
     strides = tuple(tensor.stride()) if tensor.layout == torch.strided else None
-    return (type(tensor), tensor.dtype, tensor.device, tensor.layout, tuple(tensor.shape), strides,
-            tensor.requires_grad)
+    return (
+        type(tensor),
+        tensor.dtype,
+        tensor.device,
+        tensor.layout,
+        tuple(tensor.shape),
+        strides,
+        tensor.requires_grad,
+    )
 
 
 def _forward_key(module: nn.Module) -> Hashable:
@@ -113,8 +120,11 @@ def _own_key(module: nn.Module) -> Hashable:
         tuple((name, _tensor_key(p)) for name, p in module._parameters.items()),
         tuple((name, _tensor_key(b)) for name, b in module._buffers.items()),
         tuple(sorted(module._non_persistent_buffers_set)),
-        tuple((hooks, tuple((k, _value_key(v)) for k, v in attributes[hooks].items()))
-              for hooks in _HOOKS if attributes.get(hooks)),
+        tuple(
+            (hooks, tuple((k, _value_key(v)) for k, v in attributes[hooks].items()))
+            for hooks in _HOOKS
+            if attributes.get(hooks)
+        ),
     )
 
 

@@ -155,9 +155,7 @@ class Replay(fx.Interpreter):
             self._fail(f"Mismatch: the forward calls {type(module).__name__} after the graph's last child call")
             return
         if step.module is not module:
-            self._fail(
-                f"Mismatch: the forward calls {type(module).__name__} where the graph calls {step.node.target}"
-            )
+            self._fail(f"Mismatch: the forward calls {type(module).__name__} where the graph calls {step.node.target}")
             return
         found = difference((step.args, step.kwargs), (tuple(args), dict(kwargs)))
         if found is not None:
@@ -224,9 +222,7 @@ class Replay(fx.Interpreter):
             op = node.op
             if op == "placeholder":
                 value = next(values)
-                sources[node] = _unique(
-                    p for t in tensors_in(value) if (p := self.recorder.producer_of(t)) is not None
-                )
+                sources[node] = _unique(p for t in tensors_in(value) if (p := self.recorder.producer_of(t)) is not None)
             elif op == "get_attr":
                 constant = self.plan.constants.get(node.target)
                 value = constant if constant is not None else self.fetch_attr(node.target)
@@ -261,8 +257,9 @@ class Replay(fx.Interpreter):
             self._sources[node] = _unique(s for used in node.all_input_nodes for s in self._sources.get(used, ()))
             return value
         recorder = self.recorder
-        frame = recorder.begin(f"{self.ops_path}{node.name}", _op_name(node), True, args, kwargs,
-                               strategy="fx", kind="op")
+        frame = recorder.begin(
+            f"{self.ops_path}{node.name}", _op_name(node), True, args, kwargs, strategy="fx", kind="op"
+        )
         assert frame is not None
         self._recorded_ops = True
         frame.inputs_from = list(_unique(s for used in node.all_input_nodes for s in self._sources.get(used, ())))
@@ -291,8 +288,11 @@ def add_flows(frame: Frame, flows: Iterable[tuple[int, tuple[str, ...]]]) -> Non
 def _reads_from(node: fx.Node, external: set[fx.Node]) -> bool:
     """An attribute or item read out of a value the real call can see (``past_key_values.layers[0].keys``, a child's
     output tuple): what it returns is not the replay's own either."""
-    return node.target in STRUCTURAL_OPS and bool(node.args) and isinstance(node.args[0], fx.Node) and (
-        node.args[0] in external
+    return (
+        node.target in STRUCTURAL_OPS
+        and bool(node.args)
+        and isinstance(node.args[0], fx.Node)
+        and (node.args[0] in external)
     )
 
 
@@ -320,7 +320,9 @@ def nonconforming(expected: Any, actual: Any) -> str | None:
     for want, got in zip(expected_leaves, actual_leaves):
         if isinstance(want, torch.Tensor):
             if not isinstance(got, torch.Tensor) or (want.shape, want.dtype, want.device) != (
-                got.shape, got.dtype, got.device
+                got.shape,
+                got.dtype,
+                got.device,
             ):
                 return "another tensor"
         elif isinstance(want, Opaque):

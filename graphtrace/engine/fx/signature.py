@@ -25,8 +25,21 @@ __all__ = ["CONSTANT", "OPAQUE", "TENSOR", "Signature", "is_constant", "leaf_kin
 
 _CONSTANT_TYPES = frozenset(
     {
-        type(None), bool, int, float, complex, str, bytes, type(Ellipsis), slice, range,
-        torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size,
+        type(None),
+        bool,
+        int,
+        float,
+        complex,
+        str,
+        bytes,
+        type(Ellipsis),
+        slice,
+        range,
+        torch.dtype,
+        torch.device,
+        torch.layout,
+        torch.memory_format,
+        torch.Size,
     }
 )
 _UNHASHABLE_CONSTANTS = (float, complex, slice)  # keyed by repr: nan != nan, 0.0 == -0.0, slices are unhashable
@@ -46,8 +59,12 @@ def _leaf_key(value: Any, kind: str) -> Hashable:
         strided = value.layout == torch.strided
         return (
             torch.Tensor if isinstance(value, FakeTensor) else type(value),
-            value.dtype, value.device, value.layout, tuple(value.shape),
-            tuple(value.stride()) if strided else None, value.requires_grad,
+            value.dtype,
+            value.device,
+            value.layout,
+            tuple(value.shape),
+            tuple(value.stride()) if strided else None,
+            value.requires_grad,
         )
     if kind == OPAQUE:
         return (OPAQUE, type(value))

@@ -23,7 +23,7 @@ from torch import nn
 
 from graphtrace.engine.fx.flow import CALL, ChildCall
 from graphtrace.engine.fx.guard import tensors_in
-from graphtrace.engine.fx.replay import nonconforming, add_flows
+from graphtrace.engine.fx.replay import add_flows, nonconforming
 from graphtrace.engine.fx.structure import flatten
 from graphtrace.engine.fx.tracer import META, UNKNOWN, Plan
 from graphtrace.engine.recorder import Frame, Recorder
@@ -55,8 +55,10 @@ class StructuralReplay:
             if self._next >= len(calls):
                 self._fail(f"Mismatch: the forward calls {type(module).__name__} after the graph's last child call")
             elif self._expected(calls[self._next]) is not module:
-                self._fail(f"Mismatch: the forward calls {type(module).__name__} where the graph calls "
-                           f"{calls[self._next].node.target}")
+                self._fail(
+                    f"Mismatch: the forward calls {type(module).__name__} where the graph calls "
+                    f"{calls[self._next].node.target}"
+                )
 
     def child_begun(self, frame: Frame) -> None:
         if self.failure is not None:
@@ -67,11 +69,13 @@ class StructuralReplay:
                 for value in self._inputs
             ]
         producers, child_ids = self._producers, self._child_ids
-        flow = tuple(dict.fromkeys(
-            source
-            for kind, index in self.plan.calls[self._next].sources
-            for source in ((child_ids[index],) if kind == CALL else producers[index])
-        ))
+        flow = tuple(
+            dict.fromkeys(
+                source
+                for kind, index in self.plan.calls[self._next].sources
+                for source in ((child_ids[index],) if kind == CALL else producers[index])
+            )
+        )
         self._flows.append((len(self.frame.children), flow))
         child_ids.append(frame.id)
 

@@ -94,7 +94,9 @@ def _build(leaves: Any, structure: Structure) -> Any:
     return kind(zip(structure.keys, items))
 
 
-def leaf_paths(structure: Structure, prefix: tuple[tuple[str, Hashable], ...] = ()) -> list[tuple[tuple[str, Hashable], ...]]:
+def leaf_paths(
+    structure: Structure, prefix: tuple[tuple[str, Hashable], ...] = ()
+) -> list[tuple[tuple[str, Hashable], ...]]:
     """How to reach each leaf from the top, in leaf order: steps ``("item", index_or_key)`` (subscript) or
     ``("attr", name)`` (attribute of a dataclass that is not a dict)."""
     if structure.is_leaf:

@@ -67,12 +67,34 @@ META = "graphtrace_value"
 STRUCTURAL_OPS = frozenset({operator.getitem, getattr})
 """Ops that take a value apart rather than compute one; not counted as a module's own operations."""
 TENSOR_METADATA = frozenset(
-    {"shape", "dtype", "device", "ndim", "layout", "is_cuda", "is_cpu", "is_sparse", "is_quantized", "is_nested",
-     "requires_grad"}
+    {
+        "shape",
+        "dtype",
+        "device",
+        "ndim",
+        "layout",
+        "is_cuda",
+        "is_cpu",
+        "is_sparse",
+        "is_quantized",
+        "is_nested",
+        "requires_grad",
+    }
 )
 METADATA_METHODS = frozenset(
-    {"size", "dim", "ndimension", "numel", "nelement", "stride", "is_contiguous", "is_floating_point", "is_complex",
-     "element_size", "get_device"}
+    {
+        "size",
+        "dim",
+        "ndimension",
+        "numel",
+        "nelement",
+        "stride",
+        "is_contiguous",
+        "is_floating_point",
+        "is_complex",
+        "element_size",
+        "get_device",
+    }
 )
 METADATA_FUNCTIONS = frozenset({torch.is_floating_point, torch.is_complex, torch.numel})
 _PURE_MODULES = frozenset({"torch", "operator", "_operator", "math"})
@@ -207,8 +229,21 @@ def _define_inplace(name: str) -> None:
     setattr(_MetaProxy, f"__{name}__", inplace)
 
 
-for _name in ("iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "iand", "ior", "ixor", "ilshift",
-              "irshift", "imatmul"):
+for _name in (
+    "iadd",
+    "isub",
+    "imul",
+    "itruediv",
+    "ifloordiv",
+    "imod",
+    "ipow",
+    "iand",
+    "ior",
+    "ixor",
+    "ilshift",
+    "irshift",
+    "imatmul",
+):
     _define_inplace(_name)
 
 
@@ -409,8 +444,9 @@ class _ModuleTracer(fx.Tracer):
                 continue
             value: Any = proxy
             for step, key in path:
-                value = self.create_proxy("call_function", operator.getitem if step == "item" else getattr,
-                                          (value, key), {})
+                value = self.create_proxy(
+                    "call_function", operator.getitem if step == "item" else getattr, (value, key), {}
+                )
             values.append(value)
         try:
             return unflatten(values, structure)
@@ -487,14 +523,15 @@ def trace_module(module: nn.Module, forward: Callable[..., Any], call: Signature
         return _impure_node(tracer.graph) or describe_error(exc)
     changed = restore(states)
     if changed is not None:
-        return f"SideEffect: tracing the forward changes {changed!r} of a module (put back), which a graph cannot replay"
+        return (
+            f"SideEffect: tracing the forward changes {changed!r} of a module (put back), which a graph cannot replay"
+        )
     impure = _impure_node(graph)
     if impure is not None:
         return impure
     assert tracer.output is not None
     own_ops = sum(
-        1 for node in graph.nodes
-        if node.op in ("call_function", "call_method") and node.target not in STRUCTURAL_OPS
+        1 for node in graph.nodes if node.op in ("call_function", "call_method") and node.target not in STRUCTURAL_OPS
     )
     return Plan(
         graph, tracer.constants, tracer.output, tracer.output_meta, _last_uses(graph), own_ops, child_calls(graph)
