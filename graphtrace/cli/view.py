@@ -11,7 +11,7 @@ PAGE_SUFFIX = "_trace.html"
 """``graphtrace view`` writes ``TRACE/{Class}_trace.html`` unless told otherwise."""
 
 
-def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "view",
         help="write a saved trace as one HTML page to explore in a browser",

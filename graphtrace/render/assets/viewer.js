@@ -73,8 +73,10 @@
       ' only in B'));
   } else {
     var s0 = sides[0];
-    header.appendChild(el('span', 'meta', s0.calls.length + ' calls · ' + s0.steps.length + ' forward call' +
-      (s0.steps.length === 1 ? '' : 's') + ' · captured with ' + s0.strategy + ' · ' + s0.coverage));
+    var meta = el('span', 'meta', s0.calls.length + ' calls · ' + s0.steps.length + ' forward call' +
+      (s0.steps.length === 1 ? '' : 's') + ' · captured with ' + s0.strategy + ' · ' + s0.coverage.split(';')[0]);
+    meta.title = s0.coverage;  // the fallback reasons, in full
+    header.appendChild(meta);
   }
   var search = el('div', 'search');
   var input = el('input');
@@ -91,7 +93,10 @@
   var main = el('main', DIFF ? 'diff' : '');
   sides.forEach(function (side, s) {
     var pane = el('div', 'pane');
-    pane.appendChild(el('h2', null, (DIFF ? (s === 0 ? 'A  ' : 'B  ') : '') + side.model + ' — ' + side.label));
+    var heading = el('h2', null, (DIFF ? (s === 0 ? 'A (reference) · ' : 'B · ') : '') + side.model +
+      (side.label !== side.model ? ' — ' + side.label : ''));
+    heading.title = side.label;
+    pane.appendChild(heading);
     var tree = el('div', 'tree');
     tree.dataset.side = s;
     pane.appendChild(tree);
@@ -262,8 +267,10 @@
         if (k === undefined) return;
         g.dataset.k = k;
         side.boxes[k] = g;
-        var call = side.calls[k];
-        if (call.d !== undefined) g.classList.add('st-' + pairStatus(pairs[call.d]));
+        if (DIFF) {
+          var st = boxStatus(side, k);
+          if (st) g.classList.add((g.classList.contains('cluster') ? 'cl-' : 'st-') + st);
+        }
       });
       holder.addEventListener('click', function (ev) {
         var g = ev.target.closest('g.node, g.cluster');
@@ -278,6 +285,69 @@
       graph.appendChild(note);
     }
   });
+  /* The calls a box stands for: a folded run of identical blocks is drawn as its first. */
+  function members(side, k) {
+    var c = side.calls[k];
+    if (c.u < 0) return [k];
+    var p = side.calls[c.u], pos = p.c.indexOf(k);
+    var runs = p.r || [];
+    for (var i = 0; i < runs.length; i++) {
+      if (runs[i][0] === pos) return p.c.slice(runs[i][0], runs[i][1]);
+    }
+    return [k];
+  }
+  /* The calls at k's place in every block of the folded run around it (k alone when none is). */
+  function equivalents(side, k) {
+    var a = k;
+    while (a >= 0) {
+      var run = members(side, a);
+      if (run.length > 1) {
+        var rel = side.calls[k].p.slice(side.calls[a].p.length), out = [];
+        run.forEach(function (m) {
+          var found = side.byId[side.calls[m].p + rel + '@' + side.calls[k].i];
+          if (found !== undefined) out.push(found);
+        });
+        return out.length ? out : [k];
+      }
+      a = side.calls[a].u;
+    }
+    return [k];
+  }
+  /* How a box compares: the worst of the calls it stands for, and of the calls inside them. */
+  function boxStatus(side, k) {
+    var list = [], own = [], inside = 0;
+    members(side, k).forEach(function (m) { list = list.concat(equivalents(side, m)); });
+    list.forEach(function (m) {
+      var c = side.calls[m];
+      if (c.d !== undefined) own.push(pairStatus(pairs[c.d]));
+      inside += c.bad || 0;
+    });
+    if (own.indexOf('diverged') >= 0) return 'diverged';
+    if (own.indexOf('downstream') >= 0) return 'downstream';
+    if (inside) return 'inside';
+    if (own.length && own.every(function (s) { return s === 'equal'; })) return 'equal';
+    return '';
+  }
+  /* The call drawn for k: k itself, or the call at the same place in the first block of a folded run. */
+  function drawnCall(side, k) {
+    var a = k;
+    while (a >= 0) {
+      if (side.boxes[a]) return a;
+      var c = side.calls[a];
+      if (c.u < 0) break;
+      var p = side.calls[c.u], pos = p.c.indexOf(a), runs = p.r || [];
+      for (var i = 0; i < runs.length; i++) {
+        if (runs[i][0] < pos && pos < runs[i][1]) {
+          var head = side.calls[p.c[runs[i][0]]], target = side.calls[k];
+          var id = head.p + target.p.slice(c.p.length) + '@' + target.i;
+          var mapped = side.byId[id];
+          if (mapped !== undefined) return drawnCall(side, mapped);
+        }
+      }
+      a = c.u;
+    }
+    return -1;
+  }
   function button(text, fn, cls) {
     var b = el('button', cls || '', text);
     b.addEventListener('click', fn);
@@ -322,10 +392,9 @@
   function markBox(s, k) {
     graph.querySelectorAll('g.selected').forEach(function (g) { g.classList.remove('selected'); });
     var side = sides[s];
-    if (!side.boxes) return null;
-    var c = k;
-    while (c !== undefined && c >= 0 && !side.boxes[c]) c = side.calls[c].u;
-    if (c === undefined || c < 0) return null;
+    if (!side.boxes || k < 0) return null;
+    var c = drawnCall(side, k);
+    if (c < 0) return null;
     var g = side.boxes[c];
     g.classList.add('selected');
     return g;
@@ -412,9 +481,11 @@
     into.appendChild(el('h4', null, 'tensors compared (matched by ' + p.how + ')'));
     var t = el('table', 't');
     var head = el('tr');
-    ['', 'A', 'B', 'shape', 'status', 'max abs', 'max rel', 'cosine', 'why'].forEach(function (h) {
-      head.appendChild(el('th', null, h));
+    var measured = ['max_abs', 'max_rel', 'cosine'].filter(function (key) {
+      return diffs.some(function (pair) { return pair[1][key] !== null && pair[1][key] !== undefined; });
     });
+    ['', 'A', 'B', 'shape', 'status'].concat(measured.map(function (key) { return key.replace('_', ' '); }), ['why'])
+      .forEach(function (h) { head.appendChild(el('th', null, h)); });
     t.appendChild(head);
     diffs.forEach(function (pair) {
       var d = pair[1];
@@ -423,8 +494,8 @@
       var shape = '[' + d.shape_a.join(', ') + ']';
       if (d.shape_b.join() !== d.shape_a.join()) shape += ' vs [' + d.shape_b.join(', ') + ']';
       [pair[0], d.name_a, d.name_b, shape, d.status].forEach(function (v) { tr.appendChild(el('td', null, v)); });
-      [d.max_abs, d.max_rel, d.cosine].forEach(function (v) { tr.appendChild(el('td', 'num', num(v))); });
-      tr.appendChild(el('td', null, d.reason || deltas));
+      measured.forEach(function (key) { tr.appendChild(el('td', 'num', num(d[key]))); });
+      tr.appendChild(el('td', 'why', d.reason || deltas));
       t.appendChild(tr);
     });
     into.appendChild(t);
@@ -448,18 +519,12 @@
         orow.classList.add('selected');
         orow.scrollIntoView({ block: 'nearest' });
         pairDetails(p, details);
-        var grid = el('div');
-        grid.style.display = 'grid';
-        grid.style.gridTemplateColumns = '1fr 1fr';
-        grid.style.gap = '16px';
-        var left = el('div'), rightCol = el('div');
-        left.appendChild(el('h4', null, 'A'));
-        rightCol.appendChild(el('h4', null, 'B'));
-        callDetails(0, s === 0 ? k : ok, left);
-        callDetails(1, s === 1 ? k : ok, rightCol);
-        grid.appendChild(left);
-        grid.appendChild(rightCol);
-        details.appendChild(grid);
+        [0, 1].forEach(function (which) {
+          var part = el('div', 'side-details');
+          part.appendChild(el('div', 'side-tag', which === 0 ? 'A (reference)' : 'B'));
+          callDetails(which, which === s ? k : ok, part);
+          details.appendChild(part);
+        });
       } else {
         if (c.x) details.appendChild(el('div', 'banner info', 'only in ' + (s ? 'B' : 'A') + ': no counterpart in the other trace'));
         callDetails(s, k, details);
