@@ -13,7 +13,7 @@ import sys
 from graphtrace.cli import EXIT_DIFFERENT, EXIT_OK
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "diff",
         help="compare two saved traces and name the first call where they diverge",
