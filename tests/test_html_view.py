@@ -13,10 +13,11 @@ import pytest
 import torch
 
 import graphtrace
+from graphtrace.errors import OutputPathError
 from graphtrace.model import CallNode, TensorRecord, Trace, TraceMeta
 from graphtrace.render.html import to_html, trace_summary_html, write_html
 from tests.browser import Browser, chromium_path
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_reference
 from tests.zoo import llama
 
 needs_chromium = pytest.mark.skipif(chromium_path() is None, reason="chromium is not installed (make test installs it)")
@@ -74,8 +75,7 @@ def test_module_paths_cannot_break_out_of_the_data(tmp_path: Path) -> None:
     trace = Trace(steps=(CallNode(path=evil, type_name="X<b>", outputs=record),), meta=TraceMeta(model_class="M"))
     text = to_html(trace, graph=False)
     assert text.count("<script") == 2 and "pwned'</script>" not in text
-    data = re.search(r'<script type="application/json" id="graphtrace-data">(.*?)</script>', text, re.S)
-    assert data is not None and json.loads(data.group(1))["sides"][0]["calls"][0]["p"] == evil
+    assert _page_data(text)["sides"][0]["calls"][0]["p"] == evil
 
 
 @needs_chromium
@@ -175,3 +175,41 @@ def test_notebook_fragments(traces: Path) -> None:
     html = comparison._repr_html_()
     assert "first divergence" in html and "model.layers.1.self_attn.o_proj@0" in html
     assert "<script" not in html
+
+
+def test_an_unwritable_page_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
+    trace = Trace(steps=(CallNode(path="M", type_name="M"),), meta=TraceMeta(model_class="M"))
+    (tmp_path / "page.html").mkdir()  # a directory where the page should go: the rename fails
+    with pytest.raises(OutputPathError, match="cannot write the page to"):
+        write_html(trace, tmp_path / "page.html", graph=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["page.html"]  # no temporary file left behind
+
+
+def test_view_of_a_trace_written_by_transformers(tmp_path: Path) -> None:
+    model, inputs = llama()
+    run_reference(model, lambda: model(**inputs), tmp_path / "reference")
+    result = run_cli("view", str(tmp_path / "reference"), "-o", str(tmp_path / "ref.html"))
+    assert result.returncode == 0, result.stderr
+    assert "LlamaForCausalLM.model.layers.0.mlp.down_proj" in (tmp_path / "ref.html").read_text(encoding="utf-8")
+
+
+def _page_data(text: str) -> Any:
+    found = re.search(r'<script type="application/json" id="graphtrace-data">(.*?)</script>', text, re.S)
+    assert found is not None
+    return json.loads(found.group(1))
+
+
+def test_diff_page_marks_calls_without_a_counterpart() -> None:
+    from graphtrace.demo import DemoConfig, demo_inputs, demo_model
+
+    four = graphtrace.capture(demo_model(), demo_inputs(), strategy="eager")
+    three = graphtrace.capture(demo_model(DemoConfig(num_layers=3)), demo_inputs(), strategy="eager")
+    comparison = graphtrace.compare(four, three)
+    data = _page_data(to_html(comparison, graph=False))
+    only_a = {call["p"] for call in data["sides"][0]["calls"] if call.get("x")}
+    assert only_a == {item.call.path for item in comparison.only_in_a} and "DemoTransformer.layers.3" in only_a
+    assert not any(call.get("x") for call in data["sides"][1]["calls"])
+    assert len(data["pairs"]) == len(comparison.calls)
+    for pair in data["pairs"]:  # each pair points at the same call on both sides
+        a, b = data["sides"][0]["calls"][pair["ka"]], data["sides"][1]["calls"][pair["kb"]]
+        assert (f"{a['p']}@{a['i']}", f"{b['p']}@{b['i']}") == (pair["a"], pair["b"])

@@ -15,6 +15,7 @@ For notebooks, :func:`trace_summary_html` and :func:`comparison_summary_html` gi
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import math
@@ -92,7 +93,7 @@ class _Calls:
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
         self.records: list[dict[str, Any]] = []
-        self.index: dict[tuple[int, str], int] = {}  # (step, call id) -> position in records
+        self.index: dict[int, int] = {}  # id() of a CallNode of the trace -> position in records
         self.folder = _Folder(trace.fallbacks, enabled=True)
         self.steps = [self._add(step, number, -1) for number, step in enumerate(trace.steps)]
 
@@ -100,7 +101,7 @@ class _Calls:
         k = len(self.records)
         record: dict[str, Any] = {"p": node.path, "n": node.name, "i": node.index, "t": node.type_name, "u": parent}
         self.records.append(record)
-        self.index[(step, node.id)] = k
+        self.index[id(node)] = k
         if node.kind != "module":
             record["k"] = node.kind
         if node.strategy != "eager":
@@ -230,16 +231,16 @@ def diff_page(comparison: Comparison, *, graph: bool = True, max_boxes: int | No
     report = comparison.to_json()
     sides = [_Calls(comparison.a), _Calls(comparison.b)]
     pairs: list[dict[str, Any]] = []
-    for pair in report["calls"]:
-        a = sides[0].index.get((pair["step"], pair["a"]))
-        b = sides[1].index.get((pair["step"], pair["b"]))
+    # The report lists the comparison's calls in order; its CallNodes are the traces' own, found by identity.
+    for call, pair in zip(comparison.calls, report["calls"], strict=True):
+        a, b = sides[0].index.get(id(call.a)), sides[1].index.get(id(call.b))
         if a is None or b is None:
             continue
         sides[0].records[a]["d"] = sides[1].records[b]["d"] = len(pairs)
         pairs.append({**pair, "ka": a, "kb": b})
-    for side, key in ((sides[0], "only_in_a"), (sides[1], "only_in_b")):
-        for item in report[key]:
-            k = side.index.get((item["step"], item["call"]))
+    for side, unmatched in ((sides[0], comparison.only_in_a), (sides[1], comparison.only_in_b)):
+        for item in unmatched:
+            k = side.index.get(id(item.call))
             if k is not None:
                 side.records[k]["x"] = 1
     first = report["first_divergence"]
@@ -286,15 +287,20 @@ def write_html(
     """Write :func:`to_html` of ``subject`` to ``path`` atomically (a temporary file beside it, then renamed)."""
     target = Path(path)
     text = to_html(subject, graph=graph, max_boxes=max_boxes)
+    temporary: str | None = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(
             "w", encoding="utf-8", dir=target.parent, prefix=f".{target.name}.", suffix=".tmp", delete=False
         ) as handle:
+            temporary = handle.name
             handle.write(text)
-        os.chmod(handle.name, 0o644)  # a page to share, not a secret (the temporary file was made 0600)
-        os.replace(handle.name, target)
+        os.chmod(temporary, 0o644)  # a page to share, not a secret (the temporary file was made 0600)
+        os.replace(temporary, target)
     except OSError as exc:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
         raise OutputPathError(
             f"cannot write the page to {str(target)!r}: {exc.strerror or exc}. Choose a path you can write to."
         ) from exc
