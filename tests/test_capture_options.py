@@ -115,3 +115,16 @@ def test_progress_only_on_a_terminal() -> None:
     finally:
         os.close(leader)
         os.close(follower)
+
+
+def test_capture_command_takes_modules(tmp_path: Path) -> None:
+    result = run_cli(
+        "capture", "tests.zoo:llama", "-o", "out", "--modules", "model.layers.2", "--modules", "lm_head", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    trace = graphtrace.load(str(tmp_path / "out"))
+    recorded = [node.path.removeprefix(ROOT + ".") for node in trace.walk() if node.outputs is not None]
+    assert recorded[0] == "model.layers.2" and recorded[-1] == "lm_head"
+    assert all(path.startswith("model.layers.2") or path == "lm_head" for path in recorded)
+    wrong = run_cli("capture", "tests.zoo:llama", "-o", "out2", "--modules", "model.layer.2", cwd=tmp_path)
+    assert wrong.returncode == 2 and "matches no module" in wrong.stderr and "Traceback" not in wrong.stderr
