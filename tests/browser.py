@@ -123,6 +123,15 @@ class Browser:
     def type_text(self, text: str) -> None:
         self.call("Input.insertText", {"text": text})
 
+    def key(self, key: str) -> None:
+        """Press and release a named key (``"ArrowDown"``) on the page."""
+        codes = {"ArrowLeft": 37, "ArrowUp": 38, "ArrowRight": 39, "ArrowDown": 40, "Enter": 13}
+        for kind in ("rawKeyDown", "keyUp"):
+            self.call(
+                "Input.dispatchKeyEvent",
+                {"type": kind, "key": key, "code": key, "windowsVirtualKeyCode": codes.get(key, 0)},
+            )
+
     def press(self, key: str) -> None:
         for kind in ("keyDown", "keyUp"):
             self.call("Input.dispatchKeyEvent", {"type": kind, "key": key, "code": key, "windowsVirtualKeyCode": 13})

@@ -213,3 +213,24 @@ def test_diff_page_marks_calls_without_a_counterpart() -> None:
     for pair in data["pairs"]:  # each pair points at the same call on both sides
         a, b = data["sides"][0]["calls"][pair["ka"]], data["sides"][1]["calls"][pair["kb"]]
         assert (f"{a['p']}@{a['i']}", f"{b['p']}@{b['i']}") == (pair["a"], pair["b"])
+
+
+@needs_chromium
+def test_arrow_keys_walk_the_tree(traces: Path, browser: Browser, tmp_path: Path) -> None:
+    page = write_html(graphtrace.load(str(traces / "original")), tmp_path / "trace.html", graph=False)
+    browser.open(page)
+
+    def selected() -> str:
+        return str(browser.evaluate("document.querySelector('#details h3').textContent"))
+
+    assert selected() == "LlamaForCausalLM"  # the root is selected on load
+    browser.key("ArrowDown")
+    assert selected() == "LlamaForCausalLM.model"
+    browser.key("ArrowDown")
+    assert selected() == "LlamaForCausalLM.model.embed_tokens"
+    browser.key("ArrowLeft")  # a leaf: up to its parent
+    assert selected() == "LlamaForCausalLM.model"
+    browser.key("ArrowLeft")  # collapse it: the next row down is the root's next child
+    browser.key("ArrowDown")
+    assert selected() == "LlamaForCausalLM#getitem"  # an op of the root (ops were recorded), before lm_head
+    assert browser.console_errors == []

@@ -81,7 +81,8 @@
   var search = el('div', 'search');
   var input = el('input');
   input.type = 'search';
-  input.placeholder = 'search calls by path (e.g. layers.3.*attn)';
+  input.placeholder = 'search calls by path (e.g. layers.3.*attn)   /';
+  input.title = 'a substring or a glob; Enter selects the first hit. In the tree: ↑ ↓ move, → expands, ← collapses';
   input.id = 'search';
   var results = el('div', 'results');
   results.hidden = true;
@@ -588,6 +589,32 @@
     if (ev.key === 'Escape') { results.hidden = true; }
   });
   input.addEventListener('blur', function () { results.hidden = true; });
+
+  // -- keyboard: arrows move through the visible rows of the selected call's tree ---------------------------------
+  function visibleRows(s) {
+    return Array.prototype.filter.call(sides[s].tree.querySelectorAll('.row:not(.fold)'), function (r) {
+      return r.offsetParent !== null;
+    });
+  }
+  document.addEventListener('keydown', function (ev) {
+    if (!selected || ev.target === input || ev.altKey || ev.ctrlKey || ev.metaKey) return;
+    var s = selected.side, k = selected.k, row = sides[s].rows[k], c = sides[s].calls[k];
+    if (ev.key === 'ArrowDown' || ev.key === 'ArrowUp') {
+      var rows = visibleRows(s), at = rows.indexOf(row) + (ev.key === 'ArrowDown' ? 1 : -1);
+      if (at >= 0 && at < rows.length) select(s, +rows[at].dataset.k, true);
+    } else if (ev.key === 'ArrowRight' && c.c) {
+      toggle(row.parentNode, row, true);
+    } else if (ev.key === 'ArrowLeft') {
+      var kids = row.parentNode.querySelector(':scope > .kids');
+      if (kids && !kids.hidden) toggle(row.parentNode, row, false);
+      else if (c.u >= 0) select(s, c.u, true);
+    } else if (ev.key === '/') {
+      input.focus();
+    } else {
+      return;
+    }
+    ev.preventDefault();
+  });
 
   // -- start ------------------------------------------------------------------------------------------------------
   sides.forEach(function (side, s) {
