@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import graphtrace
-from graphtrace.errors import OutputPathError
+from graphtrace.errors import InvalidOptionError, OutputPathError
 from graphtrace.model import CallNode, TensorRecord, Trace, TraceMeta
 from graphtrace.render.html import to_html, trace_summary_html, write_html
 from tests.browser import Browser, chromium_path
@@ -234,3 +234,8 @@ def test_arrow_keys_walk_the_tree(traces: Path, browser: Browser, tmp_path: Path
     browser.key("ArrowDown")
     assert selected() == "LlamaForCausalLM#getitem"  # an op of the root (ops were recorded), before lm_head
     assert browser.console_errors == []
+
+
+def test_to_html_names_what_it_takes() -> None:
+    with pytest.raises(InvalidOptionError, match="takes a Trace or a Comparison, got str"):
+        graphtrace.to_html("some/dir")  # type: ignore[arg-type]

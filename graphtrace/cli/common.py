@@ -92,7 +92,8 @@ def capture_with_options(model: object, inputs: object, args: argparse.Namespace
     from graphtrace.api import capture
 
     with graph_warnings_reported(args):
-        return capture(model, inputs, **capture_options(args))  # type: ignore[arg-type]
+        trace: Trace = capture(model, inputs, **capture_options(args))  # type: ignore[call-overload]
+        return trace
 
 
 @contextmanager

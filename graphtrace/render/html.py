@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from graphtrace.errors import GraphvizFailedError, GraphvizNotFoundError, OutputPathError
+from graphtrace.errors import GraphvizFailedError, GraphvizNotFoundError, InvalidOptionError, OutputPathError
 from graphtrace.model import CallNode, TensorRecord, Trace, Value
 from graphtrace.render.dot import render_dot_file, to_dot
 from graphtrace.render.graph import DEFAULT_MAX_BOXES, _Folder, call_graph
@@ -274,6 +274,11 @@ def to_html(subject: Trace | Comparison, *, graph: bool = True, max_boxes: int |
     """The explorer page of a :class:`Trace` or a :class:`~graphtrace.compare.Comparison`, as a string."""
     if isinstance(subject, Trace):
         return trace_page(subject, graph=graph, max_boxes=max_boxes)
+    if not all(hasattr(subject, name) for name in ("a", "b", "calls", "only_in_a", "only_in_b", "to_json")):
+        raise InvalidOptionError(
+            f"to_html takes a Trace or a Comparison, got {type(subject).__name__}. Load a saved trace first "
+            "(graphtrace.load(path)), or compare two (graphtrace.compare(a, b))."
+        )
     return diff_page(subject, graph=graph, max_boxes=max_boxes)
 
 
