@@ -3,12 +3,12 @@
 PYTHON ?= python3
 PIP_INSTALL = $(PYTHON) -m pip install --quiet --disable-pip-version-check --root-user-action=ignore
 
-.PHONY: demo test install graphviz benchmark
+.PHONY: demo test install graphviz chromium benchmark
 
 demo: install
 	$(PYTHON) -m graphtrace demo
 
-test: install
+test: install chromium
 	$(PYTHON) -m pytest
 
 install: graphviz
@@ -19,6 +19,12 @@ graphviz:
 	@command -v dot >/dev/null 2>&1 || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq graphviz >/dev/null; }
+
+# Debian's Chromium runs the explorer page's tests (tests/test_html_view.py), headless, driven over DevTools.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
 benchmark: install
 	$(PYTHON) -m benchmarks

@@ -28,8 +28,9 @@ __all__ = [
     "load",
     # comparing traces
     "compare",
-    # drawing: graphtrace.render.call_graph / write_call_graph
+    # drawing: graphtrace.render.call_graph / write_call_graph; the explorer page
     "render",
+    "to_html",
     # errors
     "GraphtraceError",
 ]
@@ -38,6 +39,7 @@ _LAZY = {
     "capture": "graphtrace.api",
     "tracing": "graphtrace.api",
     "model_addition_debugger_context": "graphtrace.compat",
+    "to_html": "graphtrace.render.html",
 }
 
 _SUBPACKAGES = frozenset({"render"})
@@ -46,6 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from graphtrace import render
     from graphtrace.api import capture, tracing
     from graphtrace.compat import model_addition_debugger_context
+    from graphtrace.render.html import to_html
 
 
 def load(path: str) -> Trace:

@@ -12,12 +12,14 @@ nothing and run the model untouched. graphtrace never communicates between ranks
 from __future__ import annotations
 
 import datetime
+import difflib
 import os
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Literal, Union, get_args
+from typing import Any, Literal, Union, get_args, overload
 
 import torch
 from torch import nn
@@ -29,6 +31,7 @@ from graphtrace.errors import FxCaptureError, InvalidInputsError, InvalidModelEr
 from graphtrace.io.tensors import BundleSink, ReprSink, SafetensorsSink
 from graphtrace.io.trace_files import prepare_directory, rank_directory
 from graphtrace.model import Trace, TraceMeta
+from graphtrace.progress import Progress, directory_bytes, human_bytes
 
 __all__ = ["Ranks", "Session", "Strategy", "Values", "capture", "check_model", "normalize_inputs", "tracing"]
 
@@ -124,6 +127,8 @@ class Session:
         flat: bool,
         recording_ranks: frozenset[int] | None = frozenset({0}),
         rank_folders: bool = False,
+        modules: tuple[str, ...] = (),
+        progress: bool | None = None,
     ) -> None:
         self.model = model
         self.values = values
@@ -144,9 +149,18 @@ class Session:
             detached_steps=True,
             step_caches=True,
             prune_layers=prune_layers,
+            select=_selector(modules) if modules else None,
         )
         self._ledger = PatchLedger()
         self._fallbacks: dict[str, str] = {}
+        self._saving = False
+        self._progress = Progress(self._progress_text, enabled=progress if self.recording else False)
+
+    def _progress_text(self) -> str:
+        text = f"graphtrace: {self._recorder.calls:,} calls recorded"
+        if self.directory is not None:
+            text += f", {human_bytes(directory_bytes(self.directory))} written"
+        return text + (", saving" if self._saving else "")
 
     def _make_sink(self) -> ReprSink | SafetensorsSink | BundleSink | None:
         if self.values == "repr":
@@ -167,16 +181,25 @@ class Session:
 
     def __enter__(self) -> Session:
         if self.recording:
+            self._progress.start()
             try:
                 self._fallbacks = attach(
                     self.model, self._recorder, self._ledger, strategy=self.strategy, ops=self.ops, root_no_grad=True
                 )
             except BaseException:
                 self._ledger.restore()
+                self._progress.stop()
                 raise
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            self._finish(exc)
+        finally:
+            self._progress.stop()
+
+    def _finish(self, exc: BaseException | None) -> None:
+        self._saving = True
         try:
             self._ledger.restore()
         finally:
@@ -291,6 +314,8 @@ def tracing(
     strategy: Strategy = "auto",
     ops: bool = False,
     ranks: Ranks = 0,
+    modules: Sequence[str] | None = None,
+    progress: bool | None = None,
 ) -> Iterator[Session]:
     """Record every forward call of ``model`` made inside the block (``generate()`` included), one step each.
 
@@ -298,11 +323,45 @@ def tracing(
     ``values="safetensors"`` streams tensors to ``path`` while the forward runs and needs it. A submodule called on
     its own (the encoder that ``generate()`` runs first) is a step too. Each step's :class:`~graphtrace.model.StepInfo`
     says whether it was a prefill or a decoding step and what the key/value cache held after it. ``ranks`` chooses
-    which ranks of a torch.distributed job record (see :func:`capture`).
+    which ranks of a torch.distributed job record; ``modules`` and ``progress`` as :func:`capture`.
     """
-    session = _session(model, path, values, prune_layers, strategy, ops, ranks, flat=False)
+    session = _session(model, path, values, prune_layers, strategy, ops, ranks, modules, progress, flat=False)
     with session:
         yield session
+
+
+@overload
+def capture(
+    model: nn.Module,
+    inputs: Any = None,
+    *,
+    path: str | os.PathLike[str] | None = None,
+    values: Values = "repr",
+    prune_layers: bool = False,
+    strategy: Strategy = "auto",
+    ops: bool = False,
+    ranks: Ranks = 0,
+    modules: Sequence[str] | None = None,
+    return_output: Literal[False] = False,
+    progress: bool | None = None,
+) -> Trace: ...
+
+
+@overload
+def capture(
+    model: nn.Module,
+    inputs: Any = None,
+    *,
+    path: str | os.PathLike[str] | None = None,
+    values: Values = "repr",
+    prune_layers: bool = False,
+    strategy: Strategy = "auto",
+    ops: bool = False,
+    ranks: Ranks = 0,
+    modules: Sequence[str] | None = None,
+    return_output: Literal[True],
+    progress: bool | None = None,
+) -> tuple[Trace, Any]: ...
 
 
 def capture(
@@ -315,7 +374,10 @@ def capture(
     strategy: Strategy = "auto",
     ops: bool = False,
     ranks: Ranks = 0,
-) -> Trace:
+    modules: Sequence[str] | None = None,
+    return_output: bool = False,
+    progress: bool | None = None,
+) -> Trace | tuple[Trace, Any]:
     """Run ``model`` once on ``inputs`` under ``torch.no_grad()`` and return the trace of every module call.
 
     ``inputs`` is a dict of keyword arguments, a tuple of positional arguments, or a single tensor. With ``path``
@@ -329,21 +391,64 @@ def capture(
     nothing and write nothing; their trace has no steps. A DTensor is recorded by its local shard, with its
     placements, mesh shape and global shape in graphtrace's own file.
 
+    ``modules`` records only the calls of the modules whose path (relative to the model, ``"model.layers.0"``)
+    matches one of its glob patterns (``["model.layers.0", "lm_head"]``, ``["model.layers.*.mlp"]``), with
+    everything inside them (their submodules and, with ``ops``, their ops). The modules around them stay in the tree
+    as structural nodes (path, type and children; no inputs, no outputs), so the trace is walked, shown and drawn as
+    usual; every other call is left out. A pattern that matches no module is an error.
+
+    ``return_output=True`` returns ``(trace, output)``: the model's own output, so that it need not run twice.
+
+    ``progress`` shows a line on stderr while a long capture and its save run (calls recorded, bytes written):
+    None (the default) when stderr is a terminal, True always, False never.
+
     When the forward raises, the exception propagates with a note; the partial trace (the call that raised marked)
     is saved to ``path`` if given and is always on the exception as ``exc.graphtrace_trace``.
     """
     args, kwargs = normalize_inputs(inputs)
-    session = _session(model, path, values, prune_layers, strategy, ops, ranks, flat=True)
+    if not isinstance(return_output, bool):
+        raise InvalidOptionError(f"return_output must be True or False, got {return_output!r}.")
+    session = _session(model, path, values, prune_layers, strategy, ops, ranks, modules, progress, flat=True)
     try:
         with session, torch.no_grad():
-            model(*args, **kwargs)
+            output = model(*args, **kwargs)
     except Exception as exc:
         # capture() has no session to hand back: the partial trace travels on the exception (see the note).
         with suppress(AttributeError, TypeError):
             exc.graphtrace_trace = session.trace  # type: ignore[attr-defined]
         raise
     assert session.trace is not None
-    return session.trace
+    return (session.trace, output) if return_output else session.trace
+
+
+def _selector(patterns: tuple[str, ...]) -> Callable[[str], bool]:
+    """Whether a call path (``Class.model.layers.0``, an op's ``...#matmul``) belongs to a selected module: its path
+    relative to the model matches one of ``patterns``."""
+
+    def select(path: str) -> bool:
+        relative = path.partition("#")[0].partition(".")[2]
+        return any(fnmatchcase(relative, pattern) for pattern in patterns)
+
+    return select
+
+
+def _check_modules(model: nn.Module, modules: Any) -> tuple[str, ...]:
+    """The glob patterns of ``modules=``, each checked to match a module of ``model``."""
+    if modules is None:
+        return ()
+    patterns = (modules,) if isinstance(modules, str) else modules
+    if not isinstance(patterns, (list, tuple)) or not patterns or not all(isinstance(p, str) and p for p in patterns):
+        raise InvalidOptionError(
+            f"modules={modules!r} is not a list of module paths: pass glob patterns relative to the model, e.g. "
+            "modules=['model.layers.0', 'lm_head'] or modules=['model.layers.*.mlp']."
+        )
+    names = [name for name, _ in model.named_modules() if name]
+    for pattern in patterns:
+        if not any(fnmatchcase(name, pattern) for name in names):
+            close = difflib.get_close_matches(pattern, names, n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else " model.named_modules() lists the paths."
+            raise InvalidOptionError(f"modules: {pattern!r} matches no module of {type(model).__name__}.{hint}")
+    return tuple(patterns)
 
 
 def _session(
@@ -354,6 +459,8 @@ def _session(
     strategy: Any,
     ops: Any,
     ranks: Any,
+    modules: Any,
+    progress: Any,
     *,
     flat: bool,
 ) -> Session:
@@ -369,6 +476,9 @@ def _session(
         )
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise InvalidOptionError(f"path must be a directory path (str or os.PathLike), got {type(path).__name__}.")
+    if progress is not None:
+        _check_bool("progress", progress)
+    patterns = _check_modules(model, modules)
     return Session(
         model,
         path=path,
@@ -379,4 +489,6 @@ def _session(
         flat=flat,
         recording_ranks=_check_ranks(ranks),
         rank_folders=not isinstance(ranks, int),
+        modules=patterns,
+        progress=progress,
     )

@@ -319,6 +319,12 @@ class Trace:
 
         return call_graph(self, **options)
 
+    def _repr_html_(self) -> str:
+        """Jupyter's view: summary, fx coverage and the call graph (see :func:`graphtrace.render.html`)."""
+        from graphtrace.render.html import trace_summary_html
+
+        return trace_summary_html(self)
+
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> Trace:
         """Read a trace saved by graphtrace or written by transformers' ``model_addition_debugger_context``."""

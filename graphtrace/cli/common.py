@@ -41,6 +41,14 @@ def add_capture_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--ops", action="store_true", help="also record functional ops inside fx-traced modules")
     parser.add_argument(
+        "--modules",
+        metavar="GLOB",
+        action="append",
+        default=None,
+        help="record only the modules whose path (relative to the model) matches, and what is inside them, e.g. "
+        "'model.layers.0' or 'model.layers.*.mlp' (repeatable); the modules around them are kept without values",
+    )
+    parser.add_argument(
         "--ranks",
         type=parse_ranks,
         default=0,
@@ -74,6 +82,7 @@ def capture_options(args: argparse.Namespace) -> dict[str, object]:
         "strategy": args.strategy,
         "ops": args.ops,
         "ranks": args.ranks,
+        "modules": args.modules,
     }
 
 
@@ -83,7 +92,8 @@ def capture_with_options(model: object, inputs: object, args: argparse.Namespace
     from graphtrace.api import capture
 
     with graph_warnings_reported(args):
-        return capture(model, inputs, **capture_options(args))  # type: ignore[arg-type]
+        trace: Trace = capture(model, inputs, **capture_options(args))  # type: ignore[call-overload]
+        return trace
 
 
 @contextmanager

@@ -13,7 +13,7 @@ import sys
 from graphtrace.cli import EXIT_DIFFERENT, EXIT_OK
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "diff",
         help="compare two saved traces and name the first call where they diverge",
@@ -53,6 +53,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--strict", action="store_true", help="calls without a counterpart count as a divergence")
     parser.add_argument("--all", dest="show_all", action="store_true", help="list every matched and unmatched call")
     parser.add_argument("--json", action="store_true", help="print the whole report as JSON instead of a table")
+    parser.add_argument(
+        "--html",
+        metavar="PAGE",
+        default=None,
+        help="also write the comparison as one HTML page: both call trees side by side, diverging calls coloured, "
+        "the first divergence selected",
+    )
     parser.set_defaults(run=run)
 
 
@@ -75,6 +82,11 @@ def run(args: argparse.Namespace) -> int:
         step=args.step,
         strict=args.strict,
     )
+    if args.html:
+        from graphtrace.render.html import write_html
+
+        page = write_html(comparison, args.html)
+        print(f"wrote {page}", file=sys.stderr)
     if args.json:
         json.dump(comparison.to_json(), sys.stdout, indent=1, allow_nan=False)
         print()

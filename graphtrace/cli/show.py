@@ -1,14 +1,26 @@
-"""``graphtrace show TRACE``: the call tree of a saved trace in the terminal."""
+"""``graphtrace show TRACE``: the call tree of a saved trace in the terminal.
+
+Printed through rich: colours on a terminal (none when ``NO_COLOR`` is set, https://no-color.org; rich also honours
+``FORCE_COLOR``), plain text with the same lines for pipes and files; lines are never wrapped or cut by rich.
+"""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+import sys
+from typing import TextIO
+
+from rich.console import Console
+from rich.text import Text
+from rich.tree import Tree
 
 from graphtrace.model import CallNode, StepInfo, TensorRecord, Trace, Value, iter_tensors
 
+LINE_WIDTH = 1_000_000
+"""rich's width for the tree: wide enough that no line is ever cut or wrapped by rich itself."""
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "show",
         help="print the call tree of a saved trace",
@@ -59,20 +71,22 @@ def _first_tensor(value: Value | None) -> TensorRecord | None:
     return None
 
 
-def _markers(node: CallNode, trace: Trace) -> str:
+def _markers(node: CallNode, trace: Trace) -> list[tuple[str, str]]:
+    """``(text, style)`` of each mark a call carries."""
     marks = []
     tensor = _first_tensor(node.outputs)
     if tensor is not None and tensor.stats is not None:
-        marks.append(f"mean {tensor.stats.mean:.3g} std {tensor.stats.std:.3g}")
+        marks.append((f"mean {tensor.stats.mean:.3g} std {tensor.stats.std:.3g}", "dim"))
     bad = [r for _, r in node.output_tensors() if not r.is_finite]
     if bad:
-        marks.append(f"NON-FINITE (nan {sum(r.nan_count for r in bad)}, inf {sum(r.inf_count for r in bad)})")
+        nan, inf = sum(r.nan_count for r in bad), sum(r.inf_count for r in bad)
+        marks.append((f"NON-FINITE (nan {nan}, inf {inf})", "bold red"))
     reason = trace.fallbacks.get(node.path)
     if reason is not None and node.kind == "module":
-        marks.append(f"eager: {reason}")
+        marks.append((f"eager: {reason}", "yellow"))
     if node.error is not None:
-        marks.append(f"RAISED {node.error}")
-    return "  ".join(marks)
+        marks.append((f"RAISED {node.error}", "bold red"))
+    return marks
 
 
 def describe_step(info: StepInfo) -> str:
@@ -95,52 +109,65 @@ def describe_step(info: StepInfo) -> str:
     return text
 
 
-def tree_lines(trace: Trace, node: CallNode, depth: int | None) -> Iterator[str]:
-    """The lines of ``node``'s subtree, box-drawn."""
+def _label(call: CallNode, trace: Trace, root: bool) -> Text:
+    label = Text(no_wrap=True, overflow="ignore")
+    name = call.path if root else call.name
+    label.append(name + (f" #{call.index + 1}" if call.index else ""), style="bold" if call.children else "")
+    if call.type_name:
+        label.append(f" ({call.type_name})", style="cyan")
+    outputs = describe_value(call.outputs)
+    if outputs:
+        label.append(f" -> {outputs}", style="blue")
+    for text, style in _markers(call, trace):
+        label.append("  ")
+        label.append(text, style=style)
+    return label
 
-    def visit(call: CallNode, prefix: str, last: bool, level: int) -> Iterator[str]:
-        connector = "" if level == 0 else ("└─ " if last else "├─ ")
-        label = call.path if level == 0 else call.name
-        if call.index:
-            label += f" #{call.index + 1}"
-        kind = f" ({call.type_name})" if call.type_name else ""
-        outputs = describe_value(call.outputs)
-        arrow = f" -> {outputs}" if outputs else ""
-        marks = _markers(call, trace)
-        yield f"{prefix}{connector}{label}{kind}{arrow}" + (f"  {marks}" if marks else "")
+
+def call_tree(trace: Trace, node: CallNode, depth: int | None) -> Tree:
+    """``node``'s subtree as a rich Tree, cut at ``depth`` (the calls below counted)."""
+    tree = Tree(_label(node, trace, True), guide_style="dim")
+    stack = [(node, tree, 0)]
+    while stack:
+        call, branch, level = stack.pop()
         if depth is not None and level >= depth:
             if call.children:
-                child_prefix = prefix + ("" if level == 0 else ("   " if last else "│  "))
-                yield f"{child_prefix}└─ ... {sum(1 for _ in call.walk()) - 1} calls below"
-            return
-        child_prefix = prefix + ("" if level == 0 else ("   " if last else "│  "))
-        for i, child in enumerate(call.children):
-            yield from visit(child, child_prefix, i == len(call.children) - 1, level + 1)
+                below = sum(1 for _ in call.walk()) - 1
+                branch.add(Text(f"... {below} calls below", style="dim", no_wrap=True, overflow="ignore"))
+            continue
+        added = [(child, branch.add(_label(child, trace, False)), level + 1) for child in call.children]
+        stack.extend(reversed(added))
+    return tree
 
-    yield from visit(node, "", True, 0)
+
+def console(stream: TextIO | None = None) -> Console:
+    """A console for ``stream`` (stdout): colours on a terminal unless NO_COLOR. Lines are never cut at the
+    console's width: a terminal wraps them, as it wraps any long line."""
+    return Console(file=stream or sys.stdout, markup=False, highlight=False, soft_wrap=True, width=LINE_WIDTH)
 
 
 def run(args: argparse.Namespace) -> int:
     from graphtrace.io import load_trace
 
     trace = load_trace(args.trace)
+    out = console()
     calls = sum(1 for _ in trace.walk())
     meta = trace.meta
     rank = f"rank {meta.rank} of {meta.world_size}, " if meta.world_size > 1 else ""
-    print(f"{meta.model_class}: {rank}{len(trace.steps)} forward call(s), {calls} calls, captured with {meta.strategy}")
+    head = f"{meta.model_class}: {rank}{len(trace.steps)} forward call(s), {calls} calls, captured with {meta.strategy}"
+    out.print(Text(head, style="bold"))
     if args.nonfinite:
         from graphtrace.compare.nonfinite import describe_nonfinite
 
-        print(describe_nonfinite(trace))
+        out.print(Text(describe_nonfinite(trace)))
         return 0
-    print(f"coverage: {trace.coverage()}")
+    out.print(Text(f"coverage: {trace.coverage()}"))
     steps = list(enumerate(trace.steps))
     if args.step is not None:
         steps = [steps[args.step]]
     for number, step in steps:
         about = describe_step(trace.step_info[number]) if number < len(trace.step_info) else ""
         if len(trace.steps) > 1 or about:
-            print(f"step {number}:" + (f" {about}" if about else ""))
-        for line in tree_lines(trace, step, args.depth):
-            print(line)
+            out.print(Text(f"step {number}:" + (f" {about}" if about else ""), style="bold"))
+        out.print(call_tree(trace, step, args.depth))
     return 0

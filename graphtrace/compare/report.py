@@ -91,6 +91,13 @@ class Comparison:
     def __str__(self) -> str:
         return self.table()
 
+    def _repr_html_(self) -> str:
+        """Jupyter's view: the verdict, the first divergence and the diverging calls (imported lazily from
+        :mod:`graphtrace.render.html`, which also makes the full page: ``graphtrace.to_html(comparison)``)."""
+        from graphtrace.render.html import comparison_summary_html
+
+        return comparison_summary_html(self)
+
     def to_json(self) -> dict[str, Any]:
         """The whole report as a JSON-ready dict (non-finite numbers as ``"NaN"``, ``"Infinity"``)."""
         first = self.first_divergence

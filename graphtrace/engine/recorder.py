@@ -95,6 +95,7 @@ class Frame:
         "children",
         "inputs_from",
         "kind",
+        "structural",
     )
 
     def __init__(
@@ -115,6 +116,7 @@ class Frame:
         self.children: list[CallNode] = []
         self.inputs_from: list[str] = []
         self.kind = kind
+        self.structural = False  # outside the modules selected for recording: kept only as an ancestor of them
 
 
 def _dtensor_info(value: Any) -> DTensorInfo | None:
@@ -137,6 +139,9 @@ class Recorder:
     ``step_caches`` fills :attr:`step_info` (what each step did to the key/value cache passed to it);
     ``keep_steps=False`` hands each step to ``on_step`` without keeping it (the transformers shim needs only the last).
     ``prune_layers`` records the layer blocks that pruning will drop without their values (see ``layer_pruning``).
+    ``select`` (a predicate on call paths) records only the calls it accepts and everything inside them; the calls
+    around them stay in the tree as structural nodes (no inputs, no outputs), every other call is left out.
+    ``calls`` counts the calls begun so far (for a progress line).
     """
 
     def __init__(
@@ -149,8 +154,11 @@ class Recorder:
         step_caches: bool = False,
         keep_steps: bool = True,
         prune_layers: bool = False,
+        select: Callable[[str], bool] | None = None,
     ) -> None:
         self.sink = sink
+        self.select = select
+        self.calls = 0
         # With pruning ahead, blocks that it will drop get no values (see layer_pruning); sinks opt in.
         self._deferral = LayerBlockDeferral(sink) if prune_layers and sink is not None else None
         self._linewidth = sink.linewidth if sink is not None else None
@@ -204,8 +212,13 @@ class Recorder:
         index = self._counts.get(path, 0)
         self._counts[path] = index + 1
         frame = Frame(path, index, type_name, leaf, strategy, root, kind)
+        self.calls += 1
         if self._deferral is not None:
             self._deferral.begin(frame, self._stack[-1] if self._stack else None)
+        if self.select is not None and (not self._stack or self._stack[-1].structural) and not self.select(path):
+            frame.structural = True
+            self._stack.append(frame)
+            return frame
         prefix = f"{frame.name}_inputs"
         # The reference records {"args": ..., "kwargs": ...}; a submodule drops an empty one (naming is unaffected).
         if args:
@@ -218,6 +231,9 @@ class Recorder:
     def end(self, frame: Frame, output: Any) -> None:
         """Record the return of ``frame``'s call with ``output``."""
         # The reference keeps full values of leaf and root outputs only; other outputs get statistics.
+        if frame.structural:
+            self._finish(frame, None, None)
+            return
         store = frame.leaf or frame.root
         try:
             outputs = self._convert(output, f"{frame.name}_outputs", frame, store, True)
@@ -240,7 +256,10 @@ class Recorder:
         if not stack:
             return
         stack.pop()
-        self._attach(self._completed(frame, outputs, error))
+        node = self._completed(frame, outputs, error)
+        if frame.structural and not node.children and error is None and stack:
+            return  # outside the selected modules, and nothing selected inside it: left out
+        self._attach(node)
 
     def _completed(self, frame: Frame, outputs: Value | None, error: str | None) -> CallNode:
         deferral = self._deferral

@@ -1,8 +1,9 @@
 """The call graph of a trace: calls as boxes, nesting as clusters, data flow as edges, drawn with Graphviz.
 
 ``call_graph(trace)`` builds the networkx DiGraph that is drawn, ``to_dot(graph)`` its DOT source, and
-``write_call_graph(trace, "graph.svg")`` both, plus the picture through Graphviz's ``dot``. Works on saved traces,
-without torch and without the model.
+``write_call_graph(trace, "graph.svg")`` both, plus the picture through Graphviz's ``dot``. ``to_html(trace)`` /
+``write_html(trace, "trace.html")`` make the interactive explorer page (of a trace, or of a comparison). Works on
+saved traces, without torch and without the model.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from graphtrace.model import Trace
 from graphtrace.render.dot import FORMATS, INSTALL_HINT, to_dot, write_graph
 from graphtrace.render.flow import Flow, data_flow
 from graphtrace.render.graph import DEFAULT_MAX_BOXES, boxes, call_graph
+from graphtrace.render.html import to_html, write_html
 
 __all__ = [
     "DEFAULT_MAX_BOXES",
@@ -25,8 +27,10 @@ __all__ = [
     "call_graph",
     "data_flow",
     "to_dot",
+    "to_html",
     "write_call_graph",
     "write_graph",
+    "write_html",
 ]
 
 GRAPH_SUFFIX = "_call_graph"

@@ -276,7 +276,9 @@ class Replay(fx.Interpreter):
 
 def add_flows(frame: Frame, flows: Iterable[tuple[int, tuple[str, ...]]]) -> None:
     """A verified graph's data flow into each child call of ``frame`` (by position among its children), added to
-    what eager capture saw."""
+    what eager capture saw. A structural frame (outside the selected modules) drops children: no flow by position."""
+    if frame.structural:
+        return
     children = frame.children
     for position, flow in flows:
         child = children[position]

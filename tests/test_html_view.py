@@ -1,0 +1,241 @@
+"""The explorer page (`graphtrace view`, `graphtrace diff --html`, graphtrace.to_html) in a real headless Chromium:
+the page loads from file:// with no network, a node expands, a graph box selects its call, search finds a call, and
+a diff page opens on the first divergence. Pages are also checked as text (self-contained, script-safe)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import graphtrace
+from graphtrace.errors import InvalidOptionError, OutputPathError
+from graphtrace.model import CallNode, TensorRecord, Trace, TraceMeta
+from graphtrace.render.html import to_html, trace_summary_html, write_html
+from tests.browser import Browser, chromium_path
+from tests.conftest import run_cli, run_reference
+from tests.zoo import llama
+
+needs_chromium = pytest.mark.skipif(chromium_path() is None, reason="chromium is not installed (make test installs it)")
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama captured with op records (original/), and again with one weight of layer 1's attention changed
+    (changed/)."""
+    root = tmp_path_factory.mktemp("view")
+    model, inputs = llama()
+    graphtrace.capture(model, inputs, path=root / "original", ops=True)
+    with torch.no_grad():
+        model.model.layers[1].self_attn.o_proj.weight[0, 0] += 1.0
+    graphtrace.capture(model, inputs, path=root / "changed", ops=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def browser() -> Any:
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed (make test installs it)")
+    with Browser() as instance:
+        yield instance
+
+
+def _stats_text(x: float) -> str:
+    """How the page prints a statistic (4 significant digits, as viewer.js's num())."""
+    return f"{x:.4g}" if 1e-3 <= abs(x) < 1e4 else f"{x:.3e}".replace("e-0", "e-").replace("e+0", "e+")
+
+
+def _index(browser: Browser, path: str) -> int:
+    """The position of call ``path@0`` in the page's data."""
+    found = browser.evaluate(f"graphtrace.data.sides[0].calls.findIndex(c => c.p === {json.dumps(path)} && c.i === 0)")
+    assert isinstance(found, int) and found >= 0, path
+    return found
+
+
+def test_page_is_self_contained(traces: Path) -> None:
+    result = run_cli("view", str(traces / "original"))
+    assert result.returncode == 0, result.stderr
+    page = traces / "original" / "LlamaForCausalLM_trace.html"
+    assert f"wrote {page}" in result.stdout
+    text = page.read_text(encoding="utf-8")
+    assert text.count("<script") == 2  # the data and the viewer, nothing loaded from elsewhere
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text)
+    assert "<link" not in text and "@import" not in text
+    assert "<svg" in text and "<title>LlamaForCausalLM.model.embed_tokens@0</title>" in text  # boxes by call id
+
+
+def test_module_paths_cannot_break_out_of_the_data(tmp_path: Path) -> None:
+    """A trace is untrusted input: a path holding markup stays data."""
+    evil = "M.</script><script>document.title='pwned'</script>"
+    record = TensorRecord(shape=(2,), dtype="torch.float32")
+    trace = Trace(steps=(CallNode(path=evil, type_name="X<b>", outputs=record),), meta=TraceMeta(model_class="M"))
+    text = to_html(trace, graph=False)
+    assert text.count("<script") == 2 and "pwned'</script>" not in text
+    assert _page_data(text)["sides"][0]["calls"][0]["p"] == evil
+
+
+@needs_chromium
+def test_expand_click_a_box_and_see_the_call(traces: Path, browser: Browser, tmp_path: Path) -> None:
+    trace = graphtrace.load(str(traces / "original"))
+    page = write_html(trace, tmp_path / "trace.html")
+    browser.open(page)
+    assert browser.evaluate("document.documentElement.dataset.ready") is not None
+    assert browser.console_errors == []
+
+    # The decoder layers are folded into one row; expanding it shows the layers, lazily.
+    assert (
+        browser.evaluate("[...document.querySelectorAll('.row .name')].some(e => e.textContent === 'layers.1')")
+        is False
+    )
+    fold = browser.evaluate("document.querySelector('.row.fold .name').textContent")
+    assert fold == "layers.0–2"  # the zoo Llama has 3 identical layers
+    browser.click(".row.fold")
+    names = browser.evaluate("[...document.querySelectorAll('.row .name')].map(e => e.textContent)")
+    assert "layers.0" in names and "layers.1" in names
+
+    # Clicking the graph box of an o_proj (the graph folds identical layers: the box stands for layer 0's) selects
+    # that call and shows its output statistics.
+    drawn = browser.evaluate(
+        "[...document.querySelectorAll('#graph g.node[data-k]')]"
+        ".map(g => graphtrace.data.sides[0].calls[+g.dataset.k].p)"
+    )
+    target = next(path for path in drawn if path.endswith("self_attn.o_proj"))
+    browser.click(f"#graph g.node[data-k='{_index(browser, target)}']")
+    heading = browser.evaluate("document.querySelector('#details h3').textContent")
+    assert heading == target
+    record = next(r for _, r in trace.find(target).output_tensors())
+    assert record.stats is not None
+    cells = browser.evaluate(
+        "[...document.querySelectorAll('#details table')[1].querySelectorAll('td')].map(td => td.textContent)"
+    )
+    assert cells[:3] == ["output", f"[{', '.join(map(str, record.shape))}]", "float32"]
+    assert cells[3] == _stats_text(record.stats.mean) and cells[4] == _stats_text(record.stats.std)
+    assert browser.evaluate("document.querySelector('.row.selected .name').textContent") == "o_proj"
+    assert browser.evaluate("document.querySelectorAll('#graph g.selected').length") == 1
+
+    # A module's op records are listed with it.
+    with_ops = browser.evaluate(
+        "(() => { const calls = graphtrace.data.sides[0].calls; "
+        "return calls.findIndex(c => c.c && c.c.some(j => calls[j].k === 'op')) })()"
+    )
+    assert with_ops >= 0
+    browser.evaluate(f"graphtrace.select(0, {with_ops}, true)")
+    assert "op records" in browser.evaluate("document.getElementById('details').textContent")
+    assert browser.console_errors == []
+
+
+@needs_chromium
+def test_search_reveals_a_call(traces: Path, browser: Browser, tmp_path: Path) -> None:
+    page = write_html(graphtrace.load(str(traces / "original")), tmp_path / "trace.html", graph=False)
+    browser.open(page)
+    assert "graph was not drawn" in browser.evaluate("document.getElementById('graph').textContent")
+    browser.click("#search")
+    browser.type_text("layers.1.*up_proj")
+    browser.press("Enter")
+    assert browser.evaluate("document.querySelector('#details h3').textContent") == (
+        "LlamaForCausalLM.model.layers.1.mlp.up_proj"
+    )
+    assert browser.evaluate("document.querySelector('.row.selected .name').textContent") == "up_proj"
+    assert browser.console_errors == []
+
+
+@needs_chromium
+def test_diff_page_opens_on_the_first_divergence(traces: Path, browser: Browser, tmp_path: Path) -> None:
+    page = tmp_path / "diff.html"
+    result = run_cli("diff", str(traces / "original"), str(traces / "changed"), "--html", str(page))
+    assert result.returncode == 1, result.stderr
+    assert f"wrote {page}" in result.stderr
+    browser.open(page)
+    assert browser.console_errors == []
+    culprit = "LlamaForCausalLM.model.layers.1.self_attn.o_proj"
+    banner = browser.evaluate("document.querySelector('#details .banner').textContent")
+    assert banner.startswith("FIRST DIVERGENCE — diverges while its inputs agree")
+    selected = browser.evaluate(
+        "[...document.querySelectorAll('.row.selected')].map(r => [r.dataset.side, "
+        "graphtrace.data.sides[+r.dataset.side].calls[+r.dataset.k].p])"
+    )
+    assert selected == [["0", culprit], ["1", culprit]]  # both sides, aligned
+    assert browser.evaluate("document.querySelector('.row.first').classList.contains('st-diverged')")
+    assert browser.evaluate("document.querySelectorAll('#graph g.st-diverged').length") >= 1
+    # Calls before the culprit agree; calls after it diverge downstream.
+    assert browser.evaluate("document.querySelectorAll('.row.st-equal').length") > 0
+
+
+def test_notebook_fragments(traces: Path) -> None:
+    trace = graphtrace.load(str(traces / "original"))
+    fragment = trace._repr_html_()
+    assert fragment == trace_summary_html(trace)
+    assert "coverage" in fragment and "<svg" in fragment and "<script" not in fragment
+    assert "<a " not in fragment and "xlink:href" not in fragment
+    comparison = graphtrace.compare(str(traces / "original"), str(traces / "changed"))
+    html = comparison._repr_html_()
+    assert "first divergence" in html and "model.layers.1.self_attn.o_proj@0" in html
+    assert "<script" not in html
+
+
+def test_an_unwritable_page_is_a_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
+    trace = Trace(steps=(CallNode(path="M", type_name="M"),), meta=TraceMeta(model_class="M"))
+    (tmp_path / "page.html").mkdir()  # a directory where the page should go: the rename fails
+    with pytest.raises(OutputPathError, match="cannot write the page to"):
+        write_html(trace, tmp_path / "page.html", graph=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["page.html"]  # no temporary file left behind
+
+
+def test_view_of_a_trace_written_by_transformers(tmp_path: Path) -> None:
+    model, inputs = llama()
+    run_reference(model, lambda: model(**inputs), tmp_path / "reference")
+    result = run_cli("view", str(tmp_path / "reference"), "-o", str(tmp_path / "ref.html"))
+    assert result.returncode == 0, result.stderr
+    assert "LlamaForCausalLM.model.layers.0.mlp.down_proj" in (tmp_path / "ref.html").read_text(encoding="utf-8")
+
+
+def _page_data(text: str) -> Any:
+    found = re.search(r'<script type="application/json" id="graphtrace-data">(.*?)</script>', text, re.S)
+    assert found is not None
+    return json.loads(found.group(1))
+
+
+def test_diff_page_marks_calls_without_a_counterpart() -> None:
+    from graphtrace.demo import DemoConfig, demo_inputs, demo_model
+
+    four = graphtrace.capture(demo_model(), demo_inputs(), strategy="eager")
+    three = graphtrace.capture(demo_model(DemoConfig(num_layers=3)), demo_inputs(), strategy="eager")
+    comparison = graphtrace.compare(four, three)
+    data = _page_data(to_html(comparison, graph=False))
+    only_a = {call["p"] for call in data["sides"][0]["calls"] if call.get("x")}
+    assert only_a == {item.call.path for item in comparison.only_in_a} and "DemoTransformer.layers.3" in only_a
+    assert not any(call.get("x") for call in data["sides"][1]["calls"])
+    assert len(data["pairs"]) == len(comparison.calls)
+    for pair in data["pairs"]:  # each pair points at the same call on both sides
+        a, b = data["sides"][0]["calls"][pair["ka"]], data["sides"][1]["calls"][pair["kb"]]
+        assert (f"{a['p']}@{a['i']}", f"{b['p']}@{b['i']}") == (pair["a"], pair["b"])
+
+
+@needs_chromium
+def test_arrow_keys_walk_the_tree(traces: Path, browser: Browser, tmp_path: Path) -> None:
+    page = write_html(graphtrace.load(str(traces / "original")), tmp_path / "trace.html", graph=False)
+    browser.open(page)
+
+    def selected() -> str:
+        return str(browser.evaluate("document.querySelector('#details h3').textContent"))
+
+    assert selected() == "LlamaForCausalLM"  # the root is selected on load
+    browser.key("ArrowDown")
+    assert selected() == "LlamaForCausalLM.model"
+    browser.key("ArrowDown")
+    assert selected() == "LlamaForCausalLM.model.embed_tokens"
+    browser.key("ArrowLeft")  # a leaf: up to its parent
+    assert selected() == "LlamaForCausalLM.model"
+    browser.key("ArrowLeft")  # collapse it: the next row down is the root's next child
+    browser.key("ArrowDown")
+    assert selected() == "LlamaForCausalLM#getitem"  # an op of the root (ops were recorded), before lm_head
+    assert browser.console_errors == []
+
+
+def test_to_html_names_what_it_takes() -> None:
+    with pytest.raises(InvalidOptionError, match="takes a Trace or a Comparison, got str"):
+        graphtrace.to_html("some/dir")  # type: ignore[arg-type]
