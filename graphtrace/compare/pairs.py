@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from graphtrace.compare.align import Match, MatchKind
-from graphtrace.compare.measure import Status, TensorDiff, Tolerance, measure
+from graphtrace.compare.measure import Status, TensorDiff, Tolerance, measure, squeezed
 from graphtrace.errors import TraceFormatError
 from graphtrace.model import CallNode, TensorRecord
 
@@ -92,7 +92,7 @@ def _pair(
     rest_b = [item for k, item in enumerate(rest_b) if k not in taken]
     unpaired_a: list[Named] = []
     for item in rest_a:  # same shape first, in order
-        k = next((k for k, other in enumerate(rest_b) if other[1].shape == item[1].shape), None)
+        k = next((k for k, other in enumerate(rest_b) if squeezed(other[1].shape) == squeezed(item[1].shape)), None)
         if k is None:
             unpaired_a.append(item)
         else:
@@ -138,7 +138,7 @@ def _measure_pairs(
 ) -> tuple[TensorDiff, ...]:
     diffs = []
     for (name_a, a), (name_b, b) in pairs:
-        values = stored.both(a, b) if a.shape == b.shape else None
+        values = stored.both(a, b) if squeezed(a.shape) == squeezed(b.shape) else None
         diffs.append(measure(prefix + name_a, a, prefix + name_b, b, tolerance, values))
     return tuple(diffs)
 
