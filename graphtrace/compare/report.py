@@ -23,7 +23,7 @@ from graphtrace.model import CallNode, Trace
 __all__ = ["REPORT_FORMAT", "Comparison", "Divergence", "Unmatched", "first_divergence", "locate_divergence"]
 
 REPORT_FORMAT = "graphtrace-diff"
-REPORT_VERSION = 1
+REPORT_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +77,12 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
             if outer is None:
                 return None  # different inputs to the whole model: not a porting question
             before = _short_name(here)
+            changed = next((d for d in here.inputs if d.status == "diverged"), None)
+            detail = f"{changed.name_b}: {changed.reason}" if changed is not None else here.reason
             return Divergence(
                 outer,
                 True,
-                f"inside {_short_name(outer)}, before {before}: {before}'s inputs already differ ({here.reason})",
+                f"inside {_short_name(outer)}, before {before}: {before}'s inputs already differ ({detail})",
                 before=here,
             )
         inner = here if here is not None else outer
@@ -114,8 +116,12 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
 
 
 def _short_name(call: CallDiff) -> str:
-    path = call.a.path.partition(".")[2] or call.a.path
-    return path if call.a.index == 0 else f"{path}#{call.a.index + 1}"
+    """``a_path`` (relative to the model), with ``↔ b_path`` when B names the call otherwise."""
+    names = []
+    for node in (call.a, call.b):
+        path = node.path.partition(".")[2] or node.path
+        names.append(path if node.index == 0 else f"{path}#{node.index + 1}")
+    return names[0] if names[0] == names[1] else f"{names[0]} ↔ {names[1]}"
 
 
 def _first_diverging(calls: tuple[CallDiff, ...]) -> CallDiff | None:
@@ -182,9 +188,9 @@ class Comparison:
         return not self.diverged
 
     def matched_by(self) -> dict[str, int]:
-        """How many calls were matched each way: ``{"path": 40, "rule": 0, "structure": 3}``."""
+        """How many calls were matched each way: ``{"path": 40, "rule": 0, "structure": 3, "fused": 0}``."""
         counts = Counter(call.how for call in self.calls)
-        return {how: counts.get(how, 0) for how in ("path", "rule", "structure")}
+        return {how: counts.get(how, 0) for how in ("path", "rule", "structure", "fused")}
 
     def table(self, *, color: bool = False, show_all: bool = False) -> str:
         """The report as text for a terminal (see :mod:`graphtrace.compare.text`)."""
@@ -204,7 +210,7 @@ class Comparison:
 
     def to_json(self) -> dict[str, Any]:
         """The whole report as a JSON-ready dict (non-finite numbers as ``"NaN"``, ``"Infinity"``)."""
-        first = self.first_divergence
+        first = self.divergence
         return {
             "format": REPORT_FORMAT,
             "version": REPORT_VERSION,
@@ -216,7 +222,7 @@ class Comparison:
             "unused_rules": list(self.unused_rules),
             "strict": self.strict,
             "equal": self.equal,
-            "first_divergence": None if first is None else _pair_json(first),
+            "first_divergence": None if first is None else _divergence_json(first),
             "matched": self.matched_by(),
             "calls": [_call_json(call) for call in self.calls],
             "only_in_a": [_unmatched_json(item) for item in self.only_in_a],
@@ -258,6 +264,16 @@ def _pair_json(call: CallDiff) -> dict[str, Any]:
         "how": call.how,
         "inputs_agree": call.inputs_agree,
         "reason": call.reason,
+    }
+
+
+def _divergence_json(found: Divergence) -> dict[str, Any]:
+    return {
+        **_pair_json(found.call),
+        "inside": found.inside,
+        "before": None if found.before is None else {"a": found.before.a.id, "b": found.before.b.id},
+        "explanation": found.explanation,
+        "op_locus": None if found.op_locus is None else str(found.op_locus),
     }
 
 
