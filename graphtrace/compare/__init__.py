@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import get_args
 
 from graphtrace.compare.align import AlignMode, align_calls, returned_order
+from graphtrace.compare.fused import find_fused
 from graphtrace.compare.measure import TensorDiff, Tolerance
 from graphtrace.compare.nonfinite import first_nonfinite
-from graphtrace.compare.fused import find_fused
 from graphtrace.compare.pairs import CallDiff, StoredValues, diff_call, diff_fused
 from graphtrace.compare.report import Comparison, Unmatched
 from graphtrace.compare.rules import RenameRule, parse_rules

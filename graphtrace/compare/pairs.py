@@ -9,8 +9,8 @@ is reported. Full values are loaded (through :mod:`graphtrace.io.tensors`) only 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
