@@ -16,26 +16,7 @@ import torch
 
 import graphtrace
 from tests import independent_gpt2, independent_llama
-
-MODES = ("safetensors", "bundle", "repr")
-
-# (arch, bug, fused, the port's module that must be named)
-CASES = [
-    ("llama", "rope_base", False, "layers.0.attention"),
-    ("llama", "scale_1_over_d", True, "layers.0.attention"),
-    ("llama", "unpermuted_qk", False, "layers.2.attention"),
-    ("llama", "eps", True, "layers.2.attention_norm"),
-    ("llama", "gate_up_swapped", False, "layers.2.feed_forward.w1"),
-    ("llama", "wrong_norm", True, "layers.2"),
-    ("llama", "bf16_attention", False, "layers.0.attention"),
-    ("gpt2", "exact_gelu", False, "h.0.mlp.gelu"),
-    ("gpt2", "scale_1_over_d", False, "h.0.attn"),
-    ("gpt2", "post_norm", False, "h.2"),
-    ("gpt2", "bf16_activation", False, "h.2.mlp"),
-    ("gpt2", "eps", False, "h.2.ln2"),
-    ("gpt2", "bf16_attention", False, "h.0.attn"),
-]
-FAITHFUL = [("llama", False), ("llama", True), ("gpt2", False)]
+from tests.independent_cases import CASES, FAITHFUL, MODES
 
 
 @pytest.fixture(scope="module")

@@ -180,7 +180,7 @@ def _verdict(comparison: Comparison, paint: _Painter) -> list[str]:
         else:
             why = "its inputs differ"
         lines.append(paint(f"first divergence: {names}{kind}: {why}", "bad", "bold"))
-        lines.append(f"  {found.explanation}")
+        lines.append(f"  {found.explanation if found.inside else first.reason}")
         if found.op_locus is not None:
             lines.append(f"  {found.op_locus}")
     notes = _equivalences(comparison)
