@@ -84,7 +84,7 @@ def test_identical_traces_are_equal(traces: Callable[..., Path]) -> None:
     assert result.equal and result.first_divergence is None
     assert len(result.calls) == 45 and not result.only_in_a and not result.only_in_b
     assert all(d.max_abs == 0 and d.cosine == 1 for call in result.calls for d in call.outputs if d.basis == "values")
-    assert result.matched_by() == {"path": 45, "rule": 0, "structure": 0}
+    assert result.matched_by() == {"path": 45, "rule": 0, "structure": 0, "fused": 0}
     assert "EQUAL: all 45 matched calls agree within tolerance" in result.table()
 
 
@@ -240,7 +240,7 @@ def test_json_report_is_standard_json(traces: Callable[..., Path]) -> None:
     output = call["outputs"][0]
     assert output["name_a"] == "outputs" and output["shape_a"] == [1, 7, 32] and output["basis"] == "values"
     assert output["outside"] > 0 and 0 < output["cosine"] < 1 and output["numel"] == 224
-    assert loaded["matched"] == {"path": 45, "rule": 0, "structure": 0}
+    assert loaded["matched"] == {"path": 45, "rule": 0, "structure": 0, "fused": 0}
 
 
 def test_non_finite_values_in_both_traces_agree_and_in_one_diverge(tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ def _pairs(result: Comparison) -> set[tuple[str, str]]:
 def test_rules_match_every_call_of_the_port(traces: Callable[..., Path]) -> None:
     result = graphtrace.compare(traces("gpt2"), traces("port"), rules=GPT2_RULES, align="path")
     assert result.equal and not result.unused_rules
-    assert result.matched_by() == {"path": 1, "rule": 34, "structure": 0}  # the two roots match by path
+    assert result.matched_by() == {"path": 1, "rule": 34, "structure": 0, "fused": 0}  # the two roots match by path
     assert not result.only_in_b
     assert all(item.call.path.endswith(GPT2_ONLY) for item in result.only_in_a)
     assert ("GPT2LMHeadModel.transformer.h.1.attn.c_attn@0", "PortGPT.blocks.1.attention.qkv@0") in _pairs(result)
@@ -65,7 +65,7 @@ def test_rules_match_every_call_of_the_port(traces: Callable[..., Path]) -> None
 def test_structure_finds_the_pairs_the_rules_name(traces: Callable[..., Path]) -> None:
     by_rules = graphtrace.compare(traces("gpt2"), traces("port"), rules=GPT2_RULES, align="path")
     by_structure = graphtrace.compare(traces("gpt2"), traces("port"))  # auto: no rules, so structure
-    assert by_structure.matched_by() == {"path": 1, "rule": 0, "structure": 34}
+    assert by_structure.matched_by() == {"path": 1, "rule": 0, "structure": 34, "fused": 0}
     assert _pairs(by_structure) == _pairs(by_rules) and by_structure.equal
     # a module followed by a no-op (c_proj, then resid_dropout) pairs with the module
     out = next(call for call in by_structure.calls if call.b.path == "PortGPT.blocks.0.attention.out")
@@ -77,7 +77,7 @@ def test_structure_finds_the_pairs_the_rules_name(traces: Callable[..., Path]) -
 
 def test_rules_and_structure_together(traces: Callable[..., Path]) -> None:
     result = graphtrace.compare(traces("gpt2"), traces("port"), rules=["transformer.h.{i}=blocks.{i}"])
-    assert result.matched_by() == {"path": 1, "rule": 3, "structure": 31}
+    assert result.matched_by() == {"path": 1, "rule": 3, "structure": 31, "fused": 0}
     assert _pairs(result) == _pairs(graphtrace.compare(traces("gpt2"), traces("port"), rules=GPT2_RULES))
 
 

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import get_args
 
 from graphtrace.compare.align import AlignMode, align_calls, returned_order
+from graphtrace.compare.fused import find_fused
 from graphtrace.compare.measure import TensorDiff, Tolerance
 from graphtrace.compare.nonfinite import first_nonfinite
-from graphtrace.compare.pairs import CallDiff, StoredValues, diff_call
+from graphtrace.compare.pairs import CallDiff, StoredValues, diff_call, diff_fused
 from graphtrace.compare.report import Comparison, Unmatched
 from graphtrace.compare.rules import RenameRule, parse_rules
 from graphtrace.errors import InvalidOptionError
@@ -138,9 +139,16 @@ def compare(
         stored = StoredValues(_step_dir(trace_a, step_a), _step_dir(trace_b, step_b))
         order = {id(node): k for k, node in enumerate(returned_order(root_a))}
         matches = sorted(alignment.matches, key=lambda match: order[id(match.a)])
-        calls += [diff_call(step_a, match, tolerance, stored) for match in matches]
-        only_a += [Unmatched(step_a, node) for node in alignment.only_a]
-        only_b += [Unmatched(step_b, node) for node in alignment.only_b]
+        step_calls = [diff_call(step_a, match, tolerance, stored) for match in matches]
+        fused = find_fused(root_a, root_b, alignment.matches, alignment.only_a, alignment.only_b)
+        for found in fused:
+            step_calls += diff_fused(step_a, found, tolerance, stored)
+        paired = {id(node) for found in fused for node in (found.fused, *found.parts)}
+        if fused:
+            step_calls.sort(key=lambda call: order[id(call.a)])
+        calls += step_calls
+        only_a += [Unmatched(step_a, node) for node in alignment.only_a if id(node) not in paired]
+        only_b += [Unmatched(step_b, node) for node in alignment.only_b if id(node) not in paired]
     return Comparison(
         a=trace_a,
         b=trace_b,

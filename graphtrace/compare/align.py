@@ -29,7 +29,8 @@ from graphtrace.model import CallNode, TensorRecord
 __all__ = ["AlignMode", "Alignment", "Match", "MatchKind", "align_calls", "relative_path", "returned_order"]
 
 AlignMode = Literal["auto", "path", "structure"]
-MatchKind = Literal["path", "rule", "structure"]
+MatchKind = Literal["path", "rule", "structure", "fused"]
+"""How a pair was matched; ``"fused"`` pairs a slice of a fused projection with a separate one (compare/fused.py)."""
 
 FULL_DP_CELLS = 250_000
 """Gaps of up to this many candidate pairs are aligned exactly; larger ones within a band around the diagonal."""

@@ -42,6 +42,37 @@ _DTYPE_TOLERANCE = {
 }
 _FLOAT8_TOLERANCE = (1.25e-1, 1e-5)  # float8 variants: one step of a 3-bit mantissa
 
+# Machine epsilon per dtype: an aggregate (a mean of many elements) is known no better than a few units of rounding
+# of its elements, whatever the number of elements, since rounding can be systematic.
+_EPSILON = {
+    "torch.float16": 9.77e-4,
+    "torch.bfloat16": 7.81e-3,
+    "torch.float32": 1.19e-7,
+    "torch.float64": 2.22e-16,
+    "torch.complex64": 1.19e-7,
+    "torch.complex128": 2.22e-16,
+}
+_ROUNDING_UNITS = 4.0
+
+
+def _epsilon(a: str, b: str) -> float:
+    return max(_EPSILON.get(a, 0.125 if a.startswith("torch.float8") else 0.0), _EPSILON.get(b, 0.0))
+
+
+def aggregate_tolerance(n: int, scale: float, rtol: float, atol: float, epsilon: float) -> float:
+    """How far a mean of ``n`` elements of typical magnitude ``scale`` may move when each element may move by
+    ``atol + rtol * |a|`` at random: the element tolerance over sqrt(n), but never below a few units of rounding
+    of the magnitude (rounding differences between two implementations can be systematic), nor above the element
+    tolerance (exact elements, exact aggregates)."""
+    element = atol + rtol * scale
+    return max(element / math.sqrt(max(n, 1)), min(element, _ROUNDING_UNITS * epsilon * scale))
+
+
+def squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` without its size-1 dimensions: tensors whose shapes squeeze alike hold their values in the same
+    order (``[1, T, D]`` and ``[T, D]``)."""
+    return tuple(size for size in shape if size != 1)
+
 
 @dataclass(frozen=True, slots=True)
 class Tolerance:
@@ -81,7 +112,8 @@ class TensorDiff:
     With full values: ``max_abs``, ``max_rel`` (``|b - a| / |a|``), ``cosine`` (of the flattened tensors, over the
     elements finite in both) and ``outside`` (how many of ``numel`` elements are not within tolerance). With
     statistics only: ``stat_deltas``, ``|b - a|`` of mean, std, min and max. ``reason`` says in words why the pair
-    diverged.
+    diverged; ``equivalence`` names what the comparison allowed for when the two tensors are not laid out alike
+    (shapes that differ only by size-1 dimensions, a permutation of the last dimension).
     """
 
     name_a: str
@@ -100,6 +132,7 @@ class TensorDiff:
     outside: int | None = None
     stat_deltas: tuple[float, float, float, float] | None = None
     reason: str = ""
+    equivalence: str = ""
 
     @property
     def numel(self) -> int:
@@ -156,6 +189,7 @@ class StatPoint:
     values: tuple[float, float, float, float]
     slack: tuple[float, ...]
     dtype: str
+    numel: int = 1
 
     @classmethod
     def of(cls, record: TensorRecord) -> StatPoint | None:
@@ -166,14 +200,31 @@ class StatPoint:
             slack: tuple[float, ...] = (0.0,) * 4
         else:
             slack = tuple(_printed_resolution(text, value) for text, value in zip(record.spec_stats, values))
-        return cls(values, slack, record.dtype)
+        return cls(values, slack, record.dtype, record.numel)
 
     def close_to(self, other: StatPoint, rtol: float, atol: float) -> bool:
-        """Every statistic within tolerance, widened by the rounding of both sides."""
-        for x, y, sx, sy in zip(self.values, other.values, self.slack, other.slack):
-            if not _close(x, y, rtol, atol + sx + sy):
-                return False
-        return True
+        return self.first_outside(other, rtol, atol) is None
+
+    def first_outside(self, other: StatPoint, rtol: float, atol: float) -> int | None:
+        """Every statistic within its own tolerance, widened by the rounding of both sides.
+
+        min and max are single elements: the element tolerance. mean and std are aggregates of ``numel`` elements:
+        random differences of the elements mostly cancel in them, so their tolerance is the element tolerance over
+        sqrt(numel) (:func:`aggregate_tolerance`). That is what lets statistics alone see a small systematic change
+        (a norm's eps, a rotary base) that moves every element by less than the element tolerance."""
+        mean, std = self.values[0], self.values[1]
+        scale = math.hypot(mean, std) if math.isfinite(mean) and math.isfinite(std) else math.inf
+        aggregate = None
+        if math.isfinite(scale):
+            epsilon = _epsilon(self.dtype, other.dtype)
+            aggregate = aggregate_tolerance(min(self.numel, other.numel), scale, rtol, atol, epsilon)
+        for k, (x, y, sx, sy) in enumerate(zip(self.values, other.values, self.slack, other.slack)):
+            if k < 2 and aggregate is not None and math.isfinite(x) and math.isfinite(y):
+                if abs(y - x) > aggregate + sx + sy:
+                    return k
+            elif not _close(x, y, rtol, atol + sx + sy):
+                return k
+        return None
 
 
 def stats_close(a: TensorRecord, b: TensorRecord, rtol: float, atol: float) -> bool | None:
@@ -194,14 +245,29 @@ def _stat_deltas(a: Stats, b: Stats) -> tuple[float, float, float, float]:
     return deltas[0], deltas[1], deltas[2], deltas[3]
 
 
+def _mask_like(record: TensorRecord) -> bool:
+    """An additive attention mask: its smallest value is -inf or near the dtype's lowest value. Its mean and std
+    are those of the fill value (infinite, or ~1e38), so statistics say nothing about its pattern."""
+    assert record.stats is not None
+    lowest = record.stats.min
+    return lowest == -math.inf or lowest <= 0.5 * _LOWEST.get(record.dtype, -1.79e308)
+
+
 def _from_stats(a: TensorRecord, b: TensorRecord, base: dict[str, Any]) -> TensorDiff:
     assert a.stats is not None and b.stats is not None
+    if _mask_like(a) and _mask_like(b):
+        reason = "masks (-inf or the dtype's lowest value): their statistics cannot tell patterns apart"
+        return TensorDiff(**base, basis="none", status="unchecked", reason=reason)
     deltas = _stat_deltas(a.stats, b.stats)
-    if stats_close(a, b, base["rtol"], base["atol"]):
+    point_a, point_b = StatPoint.of(a), StatPoint.of(b)
+    assert point_a is not None and point_b is not None
+    worst = point_a.first_outside(point_b, base["rtol"], base["atol"])
+    if worst is None:
         return TensorDiff(**base, basis="stats", status="equal", stat_deltas=deltas)
-    worst = max(range(4), key=lambda i: deltas[i])
     x, y = _stat_values(a.stats)[worst], _stat_values(b.stats)[worst]
-    reason = f"{STAT_NAMES[worst]} {x:.6g} vs {y:.6g}"
+    reason = f"{STAT_NAMES[worst]} {x:.8g} vs {y:.8g}"
+    if worst < 2:
+        reason += f" (beyond the tolerance of a {STAT_NAMES[worst]} of {a.numel} elements)"
     if a.nan_count != b.nan_count or a.inf_count != b.inf_count:
         reason += f" (nan/inf {a.nan_count}/{a.inf_count} vs {b.nan_count}/{b.inf_count})"
     return TensorDiff(**base, basis="stats", status="diverged", stat_deltas=deltas, reason=reason)
@@ -210,12 +276,35 @@ def _from_stats(a: TensorRecord, b: TensorRecord, base: dict[str, Any]) -> Tenso
 # -- full values ---------------------------------------------------------------------------------------------------
 
 
-def _from_values(ta: Any, tb: Any, base: dict[str, Any]) -> TensorDiff:
-    """Differences of two tensors of the same shape, in float64, using tensor methods only."""
-    rtol, atol = base["rtol"], base["atol"]
-    a = ta.detach().reshape(-1).double()
-    b = tb.detach().reshape(-1).double()
+@dataclass(frozen=True, slots=True)
+class _Elementwise:
+    outside: int
+    max_abs: float
+    max_rel: float
+    cosine: float
+    shift: float  # the largest systematic shift of the mean, as a multiple of its tolerance (see _shift)
+
+
+_LOWEST = {"torch.float16": -65504.0, "torch.bfloat16": -3.3895e38, "torch.float32": -3.4028e38}
+
+
+def _masked(t: Any, dtype: str) -> Any:
+    """Elements that mark masked positions: -inf, or near the dtype's lowest value (``finfo.min``), the two
+    conventions of additive attention masks."""
+    lowest = _LOWEST.get(dtype, -1.79e308)
+    return t <= 0.5 * lowest
+
+
+def _elementwise(
+    a: Any, b: Any, rtol: float, atol: float, epsilon: float, dtypes: tuple[str, str] = ("", "")
+) -> _Elementwise:
+    """Differences of two flat float64 tensors, using tensor methods only."""
     same = (a == b) | (a.isnan() & b.isnan())  # equal, or NaN in both, or the same infinity
+    if dtypes[0]:
+        masked = _masked(a, dtypes[0]) & _masked(b, dtypes[1])
+        if bool(masked.any().item()):
+            same = same | masked
+            a, b = a.masked_fill(masked, 0.0), b.masked_fill(masked, 0.0)
     finite = a.isfinite() & b.isfinite()
     diff = (b - a).abs().masked_fill(same, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
     scale = a.abs()
@@ -225,28 +314,156 @@ def _from_values(ta: Any, tb: Any, base: dict[str, Any]) -> TensorDiff:
     # over the elements finite in both; elementwise products and sums only (BLAS dot and boolean indexing stall
     # on a busy machine's thread pool)
     if not bool(diff.any().item()):
-        cosine = 1.0  # identical (the common case): exactly 1, not 1 up to rounding, and no norms to compute
+        # identical (the common case): exactly 1, not 1 up to rounding, and no norms to compute
+        return _Elementwise(outside, 0.0, 0.0, 1.0, 0.0)
+    fa, fb = a.masked_fill(~finite, 0.0), b.masked_fill(~finite, 0.0)
+    norms = math.sqrt(float((fa * fa).sum().item())) * math.sqrt(float((fb * fb).sum().item()))
+    if norms > 0:
+        cosine = max(-1.0, min(1.0, float((fa * fb).sum().item()) / norms))
     else:
-        fa, fb = a.masked_fill(~finite, 0.0), b.masked_fill(~finite, 0.0)
-        norms = math.sqrt(float((fa * fa).sum().item())) * math.sqrt(float((fb * fb).sum().item()))
-        if norms > 0:
-            cosine = max(-1.0, min(1.0, float((fa * fb).sum().item()) / norms))
-        else:
-            cosine = 1.0 if bool((fa == fb).all().item()) else 0.0
+        cosine = 1.0 if bool((fa == fb).all().item()) else 0.0
     max_abs = float(diff.max().item()) if diff.numel() else 0.0
     max_rel = float(rel.max().item()) if rel.numel() else 0.0
-    status: Status = "equal" if outside == 0 else "diverged"
-    reason = "" if outside == 0 else f"{outside} of {diff.numel()} elements outside tolerance, max |Δ| {max_abs:.3g}"
+    return _Elementwise(outside, max_abs, max_rel, cosine, _shift(fa, fb, rtol, atol, epsilon))
+
+
+def _shift(fa: Any, fb: Any, rtol: float, atol: float, epsilon: float) -> float:
+    """How far the differences lean one way, as a multiple of what random differences allow (> 1: systematic).
+
+    Two means are tested: of ``b - a`` (an offset) and of ``(b - a) * sign(a)`` (a scaling: a norm's eps, a wrong
+    constant), each against :func:`aggregate_tolerance`. Honest rounding differences between two implementations
+    cancel out in both; a small bug that moves every element by less than the element tolerance does not."""
+    n = fa.numel()
+    if n < 2:
+        return 0.0
+    delta = fb - fa
+    magnitude = float(fa.abs().mean().item())
+    allowed = aggregate_tolerance(n, magnitude, rtol, atol, epsilon)
+    if allowed <= 0:
+        return 0.0
+    offset = abs(float(delta.mean().item()))
+    scaling = abs(float((delta * fa.sign()).mean().item()))
+    return max(offset, scaling) / allowed
+
+
+def _last_dim_permutations(shape: tuple[int, ...]) -> list[tuple[str, Any]]:
+    """Candidate re-orderings of the last dimension that a port may legitimately use, as (description, function
+    from a tensor of ``shape`` to A's layout): the per-head interleaved <-> half-split rotary layouts, for every even
+    head size that divides the last dimension."""
+    if not shape or shape[-1] < 4:
+        return []
+    width = shape[-1]
+    candidates: list[tuple[str, Any]] = []
+    for head in range(2, width + 1, 2):
+        if width % head:
+            continue
+        heads = width // head
+
+        def to_half(t: Any, heads: int = heads, head: int = head) -> Any:
+            return t.reshape(*t.shape[:-1], heads, head // 2, 2).transpose(-1, -2).reshape(t.shape)
+
+        def to_interleaved(t: Any, heads: int = heads, head: int = head) -> Any:
+            return t.reshape(*t.shape[:-1], heads, 2, head // 2).transpose(-1, -2).reshape(t.shape)
+
+        candidates.append((f"per-head interleaved->half-split layout (head size {head})", to_half))
+        candidates.append((f"per-head half-split->interleaved layout (head size {head})", to_interleaved))
+    return candidates
+
+
+def _general_permutation(ta: Any, tb: Any, rtol: float, atol: float) -> Any | None:
+    """The permutation ``p`` of the last dimension with ``tb[..., p] ≈ ta``, when there is one (found by matching
+    columns on their sums and sums of squares, then checked element by element), else None."""
+    width = ta.shape[-1]
+    rows = ta.numel() // max(width, 1)
+    if width < 2 or rows < 2 or width > 16384:  # one row: any equal multiset would do, no evidence of a layout
+        return None
+    a = ta.detach().reshape(rows, width).double()
+    b = tb.detach().reshape(rows, width).double()
+    if not bool(a.isfinite().all().item()) or not bool(b.isfinite().all().item()):
+        return None
+    # a column's signature: its values in a fixed random direction (one number that separates distinct columns)
+    direction = _fixed_direction(rows, a)
+    key_a, key_b = direction @ a, direction @ b
+    order_a, order_b = key_a.argsort(), key_b.argsort()
+    permutation = order_b[order_a.argsort()]  # column j of A is column permutation[j] of B
+    if bool((permutation == permutation.new_tensor(range(width))).all().item()):
+        return None  # the identity: nothing to allow for
+    return permutation if _within(a, b[:, permutation], rtol, atol) else None
+
+
+def _fixed_direction(rows: int, like: Any) -> Any:
+    # deterministic pseudo-random weights without a generator: a low-discrepancy sequence in [0.5, 1.5)
+    index = like.new_tensor(range(rows)) if rows else like.new_zeros(0)
+    return ((index * 0.6180339887498949) % 1.0) + 0.5
+
+
+def _from_values(ta: Any, tb: Any, base: dict[str, Any]) -> TensorDiff:
+    """Differences of two tensors whose values lie in the same order (equal shapes up to size-1 dimensions), in
+    float64, using tensor methods only. When they differ only by a re-ordering of the last dimension (a rotary
+    layout, a permuted projection), they are equal up to it, and ``equivalence`` says so."""
+    rtol, atol = base["rtol"], base["atol"]
+    epsilon = _epsilon(base["dtype_a"], base["dtype_b"])
+    equivalence = base.pop("equivalence", "")
+    a = ta.detach().reshape(-1).double()
+    b = tb.detach().reshape(-1).double()
+    dtypes = (base["dtype_a"], base["dtype_b"])
+    found = _elementwise(a, b, rtol, atol, epsilon, dtypes)
+    if found.outside == 0 and bool((a != b).any().item()):
+        masked = _masked(a, dtypes[0]) & _masked(b, dtypes[1]) & (a != b)
+        if bool(masked.any().item()):
+            equivalence = _join(equivalence, "masked positions (-inf and the dtype's lowest value) compared alike")
+    reorderable = ta.is_floating_point() and tb.is_floating_point()  # ids in another order are other ids
+    if found.outside and reorderable and ta.shape[-1:] == tb.shape[-1:] and ta.dim() and ta.numel() == tb.numel():
+        shaped_b = tb.detach().reshape(ta.shape).double()
+        shaped_a = ta.detach().double()
+        head_rows = _first_rows(shaped_a), _first_rows(shaped_b)
+        for description, reorder in _last_dim_permutations(tuple(ta.shape)):
+            if not _within(head_rows[0], reorder(head_rows[1]), rtol, atol):
+                continue  # cheap refusal on the first rows before the whole tensor
+            trial = _elementwise(shaped_a.reshape(-1), reorder(shaped_b).reshape(-1), rtol, atol, epsilon)
+            if trial.outside == 0 and trial.shift <= 1.0:
+                found, equivalence = trial, _join(equivalence, f"equal up to a {description}")
+                break
+        else:
+            permutation = _general_permutation(shaped_a, shaped_b, rtol, atol)
+            if permutation is not None:
+                trial = _elementwise(a, shaped_b[..., permutation].reshape(-1), rtol, atol, epsilon)
+                if trial.outside == 0 and trial.shift <= 1.0:
+                    found, equivalence = trial, _join(equivalence, "equal up to a permutation of the last dim")
+    if found.outside:
+        status: Status = "diverged"
+        reason = f"{found.outside} of {a.numel()} elements outside tolerance, max |Δ| {found.max_abs:.3g}"
+    elif found.shift > 1.0:
+        status = "diverged"
+        reason = (
+            f"every element within tolerance, but the differences lean one way: a systematic shift "
+            f"{found.shift:.1f}x what rounding allows over {a.numel()} elements (max |Δ| {found.max_abs:.3g})"
+        )
+    else:
+        status, reason = "equal", ""
     return TensorDiff(
         **base,
         basis="values",
         status=status,
-        max_abs=max_abs,
-        max_rel=max_rel,
-        cosine=cosine,
-        outside=outside,
+        max_abs=found.max_abs,
+        max_rel=found.max_rel,
+        cosine=found.cosine,
+        outside=found.outside,
         reason=reason,
+        equivalence=equivalence,
     )
+
+
+def _first_rows(t: Any) -> Any:
+    return t.reshape(-1, t.shape[-1])[:4]
+
+
+def _within(a: Any, b: Any, rtol: float, atol: float) -> bool:
+    return bool(((b - a).abs() <= atol + rtol * a.abs()).all().item())
+
+
+def _join(first: str, second: str) -> str:
+    return f"{first}; {second}" if first else second
 
 
 def measure(
@@ -270,7 +487,11 @@ def measure(
         "atol": atol,
     }
     if a.shape != b.shape:
-        return TensorDiff(**base, basis="none", status="diverged", reason=f"shape {list(a.shape)} vs {list(b.shape)}")
+        if squeezed(a.shape) != squeezed(b.shape):
+            return TensorDiff(
+                **base, basis="none", status="diverged", reason=f"shape {list(a.shape)} vs {list(b.shape)}"
+            )
+        base["equivalence"] = f"shapes {list(a.shape)} and {list(b.shape)} differ only by size-1 dims"
     if values is not None:
         return _from_values(values[0], values[1], base)
     if a.stats is not None and b.stats is not None:

@@ -9,17 +9,19 @@ is reported. Full values are loaded (through :mod:`graphtrace.io.tensors`) only 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from graphtrace.compare.align import Match, MatchKind
-from graphtrace.compare.measure import Status, TensorDiff, Tolerance, measure
+from graphtrace.compare.fused import FusedMatch, concatenated_record
+from graphtrace.compare.measure import Status, TensorDiff, Tolerance, measure, squeezed
 from graphtrace.errors import TraceFormatError
 from graphtrace.model import CallNode, TensorRecord
 
-__all__ = ["CallDiff", "StoredValues", "diff_call"]
+__all__ = ["CallDiff", "StoredValues", "diff_call", "diff_fused"]
 
 Named = tuple[str, TensorRecord]
 
@@ -92,7 +94,7 @@ def _pair(
     rest_b = [item for k, item in enumerate(rest_b) if k not in taken]
     unpaired_a: list[Named] = []
     for item in rest_a:  # same shape first, in order
-        k = next((k for k, other in enumerate(rest_b) if other[1].shape == item[1].shape), None)
+        k = next((k for k, other in enumerate(rest_b) if squeezed(other[1].shape) == squeezed(item[1].shape)), None)
         if k is None:
             unpaired_a.append(item)
         else:
@@ -138,7 +140,7 @@ def _measure_pairs(
 ) -> tuple[TensorDiff, ...]:
     diffs = []
     for (name_a, a), (name_b, b) in pairs:
-        values = stored.both(a, b) if a.shape == b.shape else None
+        values = stored.both(a, b) if squeezed(a.shape) == squeezed(b.shape) else None
         diffs.append(measure(prefix + name_a, a, prefix + name_b, b, tolerance, values))
     return tuple(diffs)
 
@@ -169,3 +171,65 @@ def diff_call(step: int, match: Match, tolerance: Tolerance, stored: StoredValue
         only_in_b=tuple([f"inputs{n}" for n in in_b] + [f"outputs{n}" for n in out_b]),
         error=_error(a, b),
     )
+
+
+def diff_fused(step: int, fused: FusedMatch, tolerance: Tolerance, stored: StoredValues) -> list[CallDiff]:
+    """One pair per part of a fused projection: the part against its slice of the fused output (with full values),
+    or the concatenation of the parts against the fused output (with statistics only)."""
+    fused_out = _single(fused.fused)
+    part_outs = [_single(part) for part in fused.parts]
+    combined = concatenated_record(part_outs)
+    diffs = []
+    for part, part_out, offset in zip(fused.parts, part_outs, fused.offsets):
+        a, b = (fused.fused, part) if fused.fused_in_a else (part, fused.fused)
+        in_pairs, in_a, in_b = _pair(a.input_tensors(), b.input_tensors(), any_shape=False)
+        width = part_out.shape[-1]
+        where = f"[..., {offset}:{offset + width}]"
+        a_out, b_out = (fused_out, part_out) if fused.fused_in_a else (part_out, fused_out)
+        values = stored.both(a_out, b_out)
+        if values is not None:
+            sliced = list(values)
+            side = 0 if fused.fused_in_a else 1
+            sliced[side] = sliced[side][..., offset : offset + width]
+            a_rec = b_rec = part_out  # the slice has the part's shape and dtype
+            name_a, name_b = ("outputs" + where, "outputs") if fused.fused_in_a else ("outputs", "outputs" + where)
+            output = measure(name_a, a_rec, name_b, b_rec, tolerance, (sliced[0], sliced[1]))
+        elif combined is not None:
+            a_rec, b_rec = (fused_out, combined) if fused.fused_in_a else (combined, fused_out)
+            output = measure("outputs", a_rec, "outputs", b_rec, tolerance)
+            output = dataclasses.replace(
+                output,
+                equivalence=_join_note(
+                    output.equivalence, "statistics of the fused output against those of its parts side by side"
+                ),
+            )
+        else:
+            output = measure("outputs", a_out, "outputs", b_out, tolerance)
+        note = f"a slice {where} of the fused {fused.fused.path.rpartition('.')[2]}"
+        output = dataclasses.replace(output, equivalence=_join_note(note, output.equivalence))
+        diffs.append(
+            CallDiff(
+                step=step,
+                a=a,
+                b=b,
+                how="fused",
+                inputs=_measure_pairs("inputs", in_pairs, tolerance, stored),
+                outputs=(output,),
+                only_in_a=tuple(f"inputs{n}" for n in in_a),
+                only_in_b=tuple(f"inputs{n}" for n in in_b),
+                error=_error(a, b),
+            )
+        )
+    return diffs
+
+
+def _single(node: CallNode) -> TensorRecord:
+    outputs = node.outputs
+    if isinstance(outputs, tuple):
+        outputs = outputs[0]
+    assert isinstance(outputs, TensorRecord)
+    return outputs
+
+
+def _join_note(first: str, second: str) -> str:
+    return f"{first}; {second}" if first and second else first or second

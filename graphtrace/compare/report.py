@@ -9,8 +9,10 @@ module at fault is named rather than the layer around it; later calls diverge be
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +20,10 @@ from graphtrace.compare.measure import STAT_NAMES, TensorDiff, Tolerance
 from graphtrace.compare.pairs import CallDiff
 from graphtrace.model import CallNode, Trace
 
-__all__ = ["REPORT_FORMAT", "Comparison", "Unmatched", "first_divergence"]
+__all__ = ["REPORT_FORMAT", "Comparison", "Divergence", "Unmatched", "first_divergence", "locate_divergence"]
 
 REPORT_FORMAT = "graphtrace-diff"
-REPORT_VERSION = 1
+REPORT_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,16 +34,114 @@ class Unmatched:
     call: CallNode
 
 
-def first_divergence(calls: tuple[CallDiff, ...]) -> CallDiff | None:
-    """The culprit (see the module docstring). When every diverging call already had diverging inputs (the traces
-    were given different inputs), the first diverging call; when only inputs diverge, the first such call."""
-    diverged = [call for call in calls if call.status == "diverged"]
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """Where trace B first departs from trace A: the call to blame and why.
+
+    ``call`` is the module to look at. ``inside`` is True when the departure lies in that module's own code
+    (between the calls it makes, or after its last one): ``before`` is then the first call inside it whose inputs
+    already differ, if any. ``explanation`` says it in words; ``op_locus`` is for a finer location inside the
+    module (an op of the port), when one was found.
+    """
+
+    call: CallDiff
+    inside: bool
+    explanation: str
+    before: CallDiff | None = None
+    op_locus: object | None = None
+
+
+def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) -> Divergence | None:
+    """The culprit rule, walked over A's call tree in execution order. The first of these events names it:
+
+    - a matched call returns an output that diverges while its inputs agree: that call (its own code, when every
+      call inside it agreed);
+    - a matched call is entered with inputs that already diverge while its nearest matched ancestor's inputs
+      agreed and every call before it agreed: the divergence arose in the ancestor's own code, before this call
+      ("inside layers.0.attention, before wo");
+    - a structure-matched call of B is a module B also called where A called another one (a port calling the
+      wrong norm): the caller that picked it.
+
+    Op records are not evidence here (they are aligned inside a named module, by the op-level locator). When the
+    outermost calls already disagree on their inputs (the traces were given different inputs), the first
+    diverging call is named, as before.
+    """
+    module_calls = {id(call.a): call for call in calls if call.a.kind != "op"}
+    b_counterparts: dict[str, set[str]] = {}
+    for call in module_calls.values():
+        b_counterparts.setdefault(call.b.path, set()).add(call.a.path)
+
+    def visit(node: CallNode, outer: CallDiff | None) -> Divergence | None:
+        here = module_calls.get(id(node))
+        if here is not None and not here.inputs_agree:
+            if outer is None:
+                return None  # different inputs to the whole model: not a porting question
+            before = _short_name(here)
+            changed = next((d for d in here.inputs if d.status == "diverged"), None)
+            detail = f"{changed.name_b}: {changed.reason}" if changed is not None else here.reason
+            return Divergence(
+                outer,
+                True,
+                f"inside {_short_name(outer)}, before {before}: {before}'s inputs already differ ({detail})",
+                before=here,
+            )
+        inner = here if here is not None else outer
+        for child in node.children:
+            found = visit(child, inner)
+            if found is not None:
+                return found
+        if here is None or here.status != "diverged":
+            return None
+        if outer is not None and here.how == "structure" and len(b_counterparts.get(here.b.path, ())) > 1:
+            return Divergence(
+                outer,
+                True,
+                f"inside {_short_name(outer)}: B calls {here.b.path} where A calls {here.a.path} "
+                f"(B's module also stands for {', '.join(sorted(b_counterparts[here.b.path] - {here.a.path}))})",
+                before=here,
+            )
+        own = any(id(child) in module_calls for child in node.children)
+        where = "its own code, after the calls inside it agreed" if own else "its output"
+        return Divergence(here, own, f"{_short_name(here)}: its inputs agree, {where} does not ({here.reason})")
+
+    for root in steps:
+        found = visit(root, None)
+        if found is not None:
+            return found
+    legacy = _first_diverging(calls)
+    if legacy is None:
+        return None
+    why = "its inputs agree, its output does not" if legacy.inputs_agree else "its inputs already differ"
+    return Divergence(legacy, False, f"{_short_name(legacy)}: {why} ({legacy.reason})")
+
+
+def _short_name(call: CallDiff) -> str:
+    """``a_path`` (relative to the model), with ``↔ b_path`` when B names the call otherwise."""
+    names = []
+    for node in (call.a, call.b):
+        path = node.path.partition(".")[2] or node.path
+        names.append(path if node.index == 0 else f"{path}#{node.index + 1}")
+    return names[0] if names[0] == names[1] else f"{names[0]} ↔ {names[1]}"
+
+
+def _first_diverging(calls: tuple[CallDiff, ...]) -> CallDiff | None:
+    """The first call to return whose output diverges while its inputs agree; when every diverging call already
+    had diverging inputs (the traces were given different inputs), the first diverging call; when only inputs
+    diverge, the first such call."""
+    modules = [call for call in calls if call.a.kind != "op"]
+    diverged = [call for call in modules if call.status == "diverged"]
     for call in diverged:
         if call.inputs_agree:
             return call
     if diverged:
         return diverged[0]
-    return next((call for call in calls if not call.inputs_agree), None)
+    return next((call for call in modules if not call.inputs_agree), None)
+
+
+def first_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode] = ()) -> CallDiff | None:
+    """The call :func:`locate_divergence` blames."""
+    found = locate_divergence(calls, steps)
+    return None if found is None else found.call
 
 
 @dataclass(frozen=True)
@@ -61,14 +161,24 @@ class Comparison:
     unused_rules: tuple[str, ...] = ()
     strict: bool = False
 
+    @functools.cached_property
+    def divergence(self) -> Divergence | None:
+        """Where B first departs from A, with the explanation (see :func:`locate_divergence`)."""
+        return locate_divergence(self.calls, self.a.steps)
+
     @property
     def first_divergence(self) -> CallDiff | None:
-        return first_divergence(self.calls)
+        """The matched call to blame (``divergence.call``)."""
+        found = self.divergence
+        return None if found is None else found.call
 
     @property
     def diverged(self) -> tuple[CallDiff, ...]:
-        """The matched calls whose outputs or inputs diverge."""
-        return tuple(call for call in self.calls if call.status == "diverged" or not call.inputs_agree)
+        """The matched module calls whose outputs or inputs diverge (op records are not counted: an op's
+        divergence shows in its module's output)."""
+        return tuple(
+            call for call in self.calls if call.a.kind != "op" and (call.status == "diverged" or not call.inputs_agree)
+        )
 
     @property
     def equal(self) -> bool:
@@ -78,9 +188,9 @@ class Comparison:
         return not self.diverged
 
     def matched_by(self) -> dict[str, int]:
-        """How many calls were matched each way: ``{"path": 40, "rule": 0, "structure": 3}``."""
+        """How many calls were matched each way: ``{"path": 40, "rule": 0, "structure": 3, "fused": 0}``."""
         counts = Counter(call.how for call in self.calls)
-        return {how: counts.get(how, 0) for how in ("path", "rule", "structure")}
+        return {how: counts.get(how, 0) for how in ("path", "rule", "structure", "fused")}
 
     def table(self, *, color: bool = False, show_all: bool = False) -> str:
         """The report as text for a terminal (see :mod:`graphtrace.compare.text`)."""
@@ -100,7 +210,7 @@ class Comparison:
 
     def to_json(self) -> dict[str, Any]:
         """The whole report as a JSON-ready dict (non-finite numbers as ``"NaN"``, ``"Infinity"``)."""
-        first = self.first_divergence
+        first = self.divergence
         return {
             "format": REPORT_FORMAT,
             "version": REPORT_VERSION,
@@ -112,7 +222,7 @@ class Comparison:
             "unused_rules": list(self.unused_rules),
             "strict": self.strict,
             "equal": self.equal,
-            "first_divergence": None if first is None else _pair_json(first),
+            "first_divergence": None if first is None else _divergence_json(first),
             "matched": self.matched_by(),
             "calls": [_call_json(call) for call in self.calls],
             "only_in_a": [_unmatched_json(item) for item in self.only_in_a],
@@ -154,6 +264,16 @@ def _pair_json(call: CallDiff) -> dict[str, Any]:
         "how": call.how,
         "inputs_agree": call.inputs_agree,
         "reason": call.reason,
+    }
+
+
+def _divergence_json(found: Divergence) -> dict[str, Any]:
+    return {
+        **_pair_json(found.call),
+        "inside": found.inside,
+        "before": None if found.before is None else {"a": found.before.a.id, "b": found.before.b.id},
+        "explanation": found.explanation,
+        "op_locus": None if found.op_locus is None else str(found.op_locus),
     }
 
 

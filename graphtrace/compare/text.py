@@ -163,19 +163,30 @@ def _names(items: Sequence[Unmatched], comparison: Comparison, trace: Trace, sho
 
 
 def _verdict(comparison: Comparison, paint: _Painter) -> list[str]:
-    first = comparison.first_divergence
+    found = comparison.divergence
     lines = []
-    if first is not None:
+    if found is not None:
+        first = found.call
         a_name = relative_path(first.a, comparison.a.root) or first.a.path
+        b_name = relative_path(first.b, comparison.b.root) or first.b.path
+        names = a_name if a_name == b_name else f"{a_name} ↔ {b_name}"
         kind = f" ({first.a.type_name})" if first.a.type_name else ""
-        if first.status == "diverged" and first.inputs_agree:
+        if found.inside:
+            why = "the departure lies in its own code"
+        elif first.status == "diverged" and first.inputs_agree:
             why = "its inputs agree, its output does not"
         elif first.status == "diverged":
             why = "its inputs already differ: were the two traces given the same inputs?"
         else:
             why = "its inputs differ"
-        lines.append(paint(f"first divergence: {a_name}{kind}: {why}", "bad", "bold"))
-        lines.append(f"  {first.reason}")
+        lines.append(paint(f"first divergence: {names}{kind}: {why}", "bad", "bold"))
+        lines.append(f"  {found.explanation if found.inside else first.reason}")
+        if found.op_locus is not None:
+            lines.append(f"  {found.op_locus}")
+    notes = _equivalences(comparison)
+    if notes:
+        lines.append("equivalences applied (values equal once allowed for):")
+        lines += [f"  {note} ({count} tensor{'s' if count > 1 else ''})" for note, count in notes]
     matched = len(comparison.calls)
     if comparison.equal:
         lines.append(paint(f"EQUAL: all {matched} matched calls agree within tolerance", "ok", "bold"))
@@ -185,6 +196,19 @@ def _verdict(comparison: Comparison, paint: _Painter) -> list[str]:
     else:
         lines.append(paint("DIVERGED: the calls match but some have no counterpart (strict)", "bad", "bold"))
     return lines
+
+
+def _equivalences(comparison: Comparison) -> list[tuple[str, int]]:
+    """What the comparison allowed for (a layout, a broadcast, a fused projection), with how often, most frequent
+    first; a fused projection's slice position is left out so that its calls count together."""
+    counts: dict[str, int] = {}
+    for call in comparison.calls:
+        for diff in (*call.inputs, *call.outputs):
+            for note in filter(None, diff.equivalence.split("; ")):
+                if note.startswith("a slice [") and " of the fused " in note:
+                    note = "a slice" + note[note.index(" of the fused ") :]
+                counts[note] = counts.get(note, 0) + 1
+    return sorted(counts.items(), key=lambda item: -item[1])
 
 
 def render_table(comparison: Comparison, *, color: bool = False, show_all: bool = False) -> str:

@@ -362,12 +362,18 @@ class Recorder:
         elif seen.producer is not None and seen.producer not in frame.inputs_from:
             frame.inputs_from.append(seen.producer)
         sink = self.sink
-        if not store or sink is None:
+        if sink is None:
             record = seen.record
+        elif not store:
+            # A container's output that a call inside it already stored (attention's output is o_proj's) refers to
+            # that value, so the diff compares the container by values too; no second copy is written.
+            record = seen.stored if produced and seen.stored is not None else seen.record
         elif self._deferral is not None and self._deferral.deferring and seen.stored is None:
             record = self._deferral.defer(seen.record, tensor, seen, name)
         elif sink.per_name:
             record = seen.record.with_value(*sink.store(tensor, name))
+            if seen.stored is None:
+                seen.stored = record
         else:
             record = seen.stored
             if record is None:

@@ -24,6 +24,7 @@ DTYPE_NAMES = {
     "torch.int8": "I8",
     "torch.uint8": "U8",
     "torch.bool": "BOOL",
+    "torch.complex64": "C64",
 }
 """safetensors' names of the dtypes written here; other dtypes go through ``save_file``."""
 

@@ -1,0 +1,96 @@
+"""How often ``graphtrace diff`` names the right module on independently written ports: the score table of
+docs/compare.md.
+
+    python -m benchmarks.compare_ports [--markdown FILE]
+
+The ports (tests/independent_llama.py, tests/independent_gpt2.py) are written in styles unlike transformers' and
+take their weights from small transformers models with random weights. For every case (a faithful port, or one
+injected bug) and every value mode (``safetensors``, ``bundle``, and the default ``repr``, which compares by
+statistics), the original and the port are captured and compared without rename rules and with them. A faithful
+port scores when it compares equal; a bug scores when the module named is the one where the bug lives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+import graphtrace  # noqa: E402
+from tests import independent_gpt2, independent_llama  # noqa: E402
+from tests.independent_cases import CASES, FAITHFUL, MODES  # noqa: E402
+
+
+def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fused: bool) -> torch.nn.Module:
+    if arch == "llama":
+        return independent_llama.port_of(originals["llama"], fused=fused, bug=bug)
+    return independent_gpt2.port_of(originals["gpt2"], bug=bug)
+
+
+def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, bool]]:
+    """Rows (case, mode, map, named, expected, ok)."""
+    originals = {"llama": independent_llama.hf_llama(), "gpt2": independent_gpt2.hf_gpt2()}
+    rules = {"llama": independent_llama.RULES, "gpt2": independent_gpt2.RULES}
+    token_ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
+    cases = [(arch, None, fused, None) for arch, fused in FAITHFUL] + list(CASES)
+    rows = []
+    for values in MODES:
+        for arch in originals:
+            original = work / f"{arch}-{values}"
+            try:
+                graphtrace.capture(originals[arch], {"input_ids": token_ids}, path=original, values=values, ops=ops)
+            except Exception as exc:  # the cases it leaves unscored show it
+                print(f"capturing the original {arch} with values={values} failed: {exc}", file=sys.stderr)
+        for arch, bug, fused, expected in cases:
+            port = work / f"{arch}-{bug}-{fused}-{values}"
+            name = f"{arch} {bug or 'faithful'}{' (fused qkv)' if fused else ''}"
+            for mapped in (False, True):
+                try:
+                    if not port.exists():
+                        model = _port(originals, arch, bug, fused)
+                        graphtrace.capture(model, (token_ids,), path=port, values=values, ops=ops)
+                    result = graphtrace.compare(work / f"{arch}-{values}", port, rules=rules[arch] if mapped else ())
+                except Exception as exc:  # a version that cannot capture or compare a case scores it as missed
+                    named = f"error: {type(exc).__name__}"
+                else:
+                    first = result.first_divergence
+                    named = "equal" if result.equal else (first.b.path.partition(".")[2] if first else "?")
+                want = expected or "equal"
+                rows.append((name, values, "yes" if mapped else "no", named, want, named == want))
+    return rows
+
+
+def table(rows: list[tuple[str, str, str, str, str, bool]]) -> str:
+    """Cases down, (values, --map) across: ✓ when the expected module was named, else what was named."""
+    columns = list(dict.fromkeys((values, mapped) for _, values, mapped, *_ in rows))
+    cases = list(dict.fromkeys((case, expected) for case, _, _, _, expected, _ in rows))
+    cell = {(case, values, mapped): "✓" if ok else f"✗ `{named}`" for case, values, mapped, named, _, ok in rows}
+    header = " | ".join(f"{values}{', --map' if mapped == 'yes' else ''}" for values, mapped in columns)
+    lines = [f"| case | expected | {header} |", "|---|---|" + "---|" * len(columns)]
+    for case, expected in cases:
+        cells = " | ".join(cell[(case, values, mapped)] for values, mapped in columns)
+        lines.append(f"| {case} | `{expected}` | {cells} |")
+    hits = sum(ok for *_, ok in rows)
+    lines.append(f"\n**{hits} of {len(rows)}** right")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--markdown", type=Path, help="also write the table to this file")
+    parser.add_argument("--ops", action="store_true", help="capture with op records (ops=True)")
+    options = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        text = table(score(Path(work), ops=options.ops))
+    print(text)
+    if options.markdown:
+        options.markdown.write_text(text + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Fused projections: one call of one trace whose output is the concatenation of several calls' outputs in the other.
+
+A port often computes q, k and v with one ``wqkv`` (or GPT-2's ``c_attn``) where the original has ``q_proj``,
+``k_proj`` and ``v_proj`` (or the other way round). No call-to-call alignment can pair them: their output shapes
+differ. Here, among the calls alignment left unmatched, a *fused* call pairs with a run of *parts* when
+
+- the fused call's caller is matched with the parts' caller (they sit at the same place in both models),
+- every part is a module call taking an input of the fused call's shape, in execution order, and
+- the parts' outputs, concatenated along the last dimension, have the fused output's shape and dtype.
+
+Each part is then compared with its slice of the fused output (values, with the usual equivalences such as a
+rotary layout permutation); with statistics only, the fused output's statistics are compared with those of the
+concatenation, which follow exactly from the parts' (count-weighted means and variances, min of mins, max of maxes).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from graphtrace.compare.align import Match
+from graphtrace.compare.measure import squeezed
+from graphtrace.model import CallNode, Stats, TensorRecord
+
+__all__ = ["FusedMatch", "concatenated_record", "find_fused"]
+
+
+@dataclass(frozen=True, slots=True)
+class FusedMatch:
+    """``fused`` (in trace A when ``fused_in_a``, else in B) holds the outputs of ``parts`` (in the other trace)
+    side by side: part ``k`` is the fused output's last-dimension slice ``offsets[k]:offsets[k] + width``."""
+
+    fused: CallNode
+    parts: tuple[CallNode, ...]
+    offsets: tuple[int, ...]
+    fused_in_a: bool
+
+
+def _single_output(node: CallNode) -> TensorRecord | None:
+    outputs = node.outputs
+    if isinstance(outputs, TensorRecord):
+        return outputs
+    if isinstance(outputs, tuple) and len(outputs) == 1 and isinstance(outputs[0], TensorRecord):
+        return outputs[0]
+    return None
+
+
+def _first_input(node: CallNode) -> TensorRecord | None:
+    return next((record for _, record in node.input_tensors()), None)
+
+
+def _parents(root: CallNode) -> dict[int, CallNode]:
+    parents: dict[int, CallNode] = {}
+    for node in root.walk():
+        for child in node.children:
+            parents[id(child)] = node
+    return parents
+
+
+def _runs(fused: CallNode, candidates: Sequence[CallNode]) -> Iterator[tuple[CallNode, ...]]:
+    """Runs of consecutive candidates whose outputs, side by side, make up ``fused``'s output."""
+    out, given = _single_output(fused), _first_input(fused)
+    if out is None or given is None or not out.shape:
+        return
+    width, lead = out.shape[-1], squeezed(out.shape[:-1])
+    usable = []
+    for node in candidates:
+        part_out, part_in = _single_output(node), _first_input(node)
+        if part_out is None or part_in is None or not part_out.shape or part_out.dtype != out.dtype:
+            usable.append(None)
+        elif squeezed(part_in.shape) != squeezed(given.shape) or squeezed(part_out.shape[:-1]) != lead:
+            usable.append(None)
+        else:
+            usable.append(part_out.shape[-1])
+    for start in range(len(candidates)):
+        total = 0
+        for end in range(start, len(candidates)):
+            size = usable[end]
+            if size is None:
+                break
+            total += size
+            if total == width and end > start:
+                yield tuple(candidates[start : end + 1])
+                break
+            if total > width:
+                break
+
+
+def find_fused(
+    root_a: CallNode,
+    root_b: CallNode,
+    matches: Sequence[Match],
+    only_a: Sequence[CallNode],
+    only_b: Sequence[CallNode],
+) -> list[FusedMatch]:
+    """Fused calls among the unmatched ones, in either direction (see the module docstring)."""
+    counterpart_of_b = {id(match.b): match.a for match in matches}
+    counterpart_of_a = {id(match.a): match.b for match in matches}
+    parents_a, parents_b = _parents(root_a), _parents(root_b)
+    found: list[FusedMatch] = []
+    used: set[int] = set()
+    for fused_in_a, lone, others, parents_lone, parents_other, counterpart in (
+        (False, only_b, only_a, parents_b, parents_a, counterpart_of_b),
+        (True, only_a, only_b, parents_a, parents_b, counterpart_of_a),
+    ):
+        for fused in lone:
+            if fused.kind != "module" or id(fused) in used:
+                continue
+            parent = parents_lone.get(id(fused))
+            caller = counterpart.get(id(parent)) if parent is not None else None
+            if caller is None:
+                continue
+            candidates = [
+                node
+                for node in others
+                if node.kind == "module" and id(node) not in used and parents_other.get(id(node)) is caller
+            ]
+            run = next(_runs(fused, candidates), None)
+            if run is None:
+                continue
+            offsets, at = [], 0
+            for part in run:
+                offsets.append(at)
+                record = _single_output(part)
+                assert record is not None
+                at += record.shape[-1]
+            used.update(id(node) for node in (fused, *run))
+            found.append(FusedMatch(fused, run, tuple(offsets), fused_in_a))
+    return found
+
+
+def concatenated_record(parts: Sequence[TensorRecord]) -> TensorRecord | None:
+    """The record (shape, dtype, exact statistics) of the parts' concatenation along the last dimension, or None
+    when a part has no statistics."""
+    if any(part.stats is None for part in parts):
+        return None
+    counts = [part.numel for part in parts]
+    total = sum(counts)
+    if total == 0:
+        return None
+    mean = sum(n * part.stats.mean for n, part in zip(counts, parts) if part.stats) / total
+    squares = 0.0
+    for n, part in zip(counts, parts):
+        assert part.stats is not None
+        spread = part.stats.std if n > 1 and math.isfinite(part.stats.std) else 0.0
+        squares += (n - 1) * spread * spread + n * (part.stats.mean - mean) ** 2
+    std = math.sqrt(squares / (total - 1)) if total > 1 else math.nan
+    lowest = min(part.stats.min for part in parts if part.stats)
+    highest = max(part.stats.max for part in parts if part.stats)
+    shape = (*parts[0].shape[:-1], sum(part.shape[-1] for part in parts))
+    return TensorRecord(
+        shape=shape,
+        dtype=parts[0].dtype,
+        device=parts[0].device,
+        stats=Stats(mean, std, lowest, highest),
+        nan_count=sum(part.nan_count for part in parts),
+        inf_count=sum(part.inf_count for part in parts),
+    )

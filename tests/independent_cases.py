@@ -1,0 +1,27 @@
+"""The bug cases of the independent ports, shared by tests/test_independent_ports.py and benchmarks/compare_ports.py.
+
+Each case is (arch, bug, fused, the port's module that must be named): for a bug in a module's own code, that
+module; for a wrong weight, that projection; for a block that calls the wrong module, the block.
+"""
+
+from __future__ import annotations
+
+MODES = ("safetensors", "bundle", "repr")
+
+# (arch, bug, fused, the port's module that must be named)
+CASES = [
+    ("llama", "rope_base", False, "layers.0.attention"),
+    ("llama", "scale_1_over_d", True, "layers.0.attention"),
+    ("llama", "unpermuted_qk", False, "layers.2.attention"),
+    ("llama", "eps", True, "layers.2.attention_norm"),
+    ("llama", "gate_up_swapped", False, "layers.2.feed_forward.w1"),
+    ("llama", "wrong_norm", True, "layers.2"),
+    ("llama", "bf16_attention", False, "layers.0.attention"),
+    ("gpt2", "exact_gelu", False, "h.0.mlp.gelu"),
+    ("gpt2", "scale_1_over_d", False, "h.0.attn"),
+    ("gpt2", "post_norm", False, "h.2"),
+    ("gpt2", "bf16_activation", False, "h.2.mlp"),
+    ("gpt2", "eps", False, "h.2.ln2"),
+    ("gpt2", "bf16_attention", False, "h.0.attn"),
+]
+FAITHFUL = [("llama", False), ("llama", True), ("gpt2", False)]
