@@ -39,9 +39,6 @@ class ReprSink:
     def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
         return repr_lines(tensor), None
 
-    def discard(self, file: str) -> None:
-        """Nothing to remove: repr lines live in the record itself."""
-
     def snapshot(self, tensor: torch.Tensor, name: str) -> PrintedValues | tuple[str, ...]:
         """The printed elements now, formatted by :meth:`store_snapshot` if the value is wanted after all."""
         return printed_values(tensor)
@@ -188,13 +185,6 @@ class SafetensorsSink(_FileSink):
         self.writer.submit(write, len(header) + data.numel() * data.element_size())
         return None, f"./{target.name}"
 
-    def discard(self, file: str) -> None:
-        """Remove a file :meth:`store` wrote into the current directory (``file`` as :meth:`store` returned it), once
-        it is written; later stores of the same tensor write it again."""
-        target = self.directory / file
-        self._written = {key: entry for key, entry in self._written.items() if entry[2] != target}
-        self.writer.submit(lambda: _unlink(target), 0)
-
     def finish(self) -> None:
         self._written = {}
         super().finish()
@@ -318,9 +308,6 @@ class BundleSink(_FileSink):
 
         self.writer.submit(write, nbytes)
         return None, f"./{self._shards[-1]}#{name}"
-
-    def discard(self, file: str) -> None:
-        """Leave the bytes where they are: a bundle has no holes, and another record may point at the same key."""
 
     def finish(self) -> None:
         """Complete the step's shards and write the index ``{stem}_tensors.safetensors.index.json``."""

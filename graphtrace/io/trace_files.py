@@ -100,7 +100,7 @@ def save_trace(trace: Trace, directory: str | os.PathLike[str]) -> list[str]:
     for i, step in enumerate(trace.steps):
         out = step_directory(target, i, len(trace.steps))
         out.mkdir(exist_ok=True)
-        written += write_spec_files(step, out, trace.meta.model_class, include_ops=trace.meta.ops)
+        written += write_spec_files(step, out, trace.meta.model_class)
         if source is None:
             continue
         from_dir = step_directory(source, i, len(trace.steps))

@@ -22,6 +22,7 @@ from graphtrace.model import (
     SCHEMA_VERSION,
     CallNode,
     DTensorInfo,
+    SourceLine,
     Stats,
     StepInfo,
     TensorRecord,
@@ -121,6 +122,9 @@ def _node_out(node: CallNode) -> dict[str, Any]:
         out["error"] = node.error
     if node.inputs_from:
         out["inputs_from"] = list(node.inputs_from)
+    if node.source is not None:
+        source = node.source
+        out["source"] = {"file": source.file, "line": source.line, "function": source.function, "text": source.text}
     out["children"] = [_node_out(child) for child in node.children]
     return out
 
@@ -139,7 +143,17 @@ def _node_in(raw: Mapping[str, Any]) -> CallNode:
         children=tuple(_node_in(child) for child in raw.get("children", ())),
         error=raw.get("error"),
         inputs_from=tuple(raw.get("inputs_from", ())),
+        source=_source_in(raw.get("source")),
     )
+
+
+def _source_in(raw: Any) -> SourceLine | None:
+    if raw is None:
+        return None
+    try:
+        return SourceLine(str(raw["file"]), int(raw["line"]), str(raw["function"]), str(raw["text"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TraceFormatError(f"unreadable op source in trace file: {str(raw)[:80]}") from exc
 
 
 def _step_info_out(info: StepInfo) -> dict[str, Any]:
