@@ -23,6 +23,7 @@ from typing import Any
 from graphtrace.errors import TraceFormatError
 from graphtrace.io.json_text import dumps_key
 from graphtrace.io.json_text import escape as _escape
+from graphtrace.io.safe_paths import write_atomic
 from graphtrace.model import CallNode, Stats, TensorRecord, Value
 from graphtrace.reprs import spec_shape
 
@@ -256,10 +257,7 @@ def write_spec_files(step: CallNode, directory: str | os.PathLike[str], model_cl
     """Write FULL_TENSORS then SUMMARY for one top-level call into ``directory``; returns both paths."""
     written = []
     for name, text in zip(spec_file_names(model_class), spec_texts(step)):
-        path = Path(directory) / name
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        written.append(path)
+        written.append(write_atomic(Path(directory) / name, text))
     return written
 
 

@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 
 from graphtrace.errors import OutputPathError, UnsupportedTensorError
 from graphtrace.io.file_writer import BackgroundWriter
+from graphtrace.io.safe_paths import inside
 from graphtrace.io.safetensors_format import DTYPE_NAMES, bundle_header, single_tensor_header, split_reference
 from graphtrace.io.tensor_repr import PrintedValues, lines_of, printed_values, repr_lines
 from graphtrace.reprs import SPEC_LINEWIDTH
@@ -340,7 +341,7 @@ class TensorFiles:
             return load_tensor(self.directory, file)
         handle = self._shards.get(path)
         if handle is None:
-            handle = self._shards[path] = safe_open(str(self.directory / path), framework="pt")
+            handle = self._shards[path] = safe_open(str(inside(self.directory, path)), framework="pt")
         return handle.get_tensor(key)
 
 
@@ -351,7 +352,8 @@ def load_tensor(directory: str | os.PathLike[str], file: str) -> torch.Tensor:
     from safetensors.torch import load_file
 
     path, key = split_reference(file)
+    target = inside(directory, path)  # never a file outside the trace's directory
     if key is not None:
-        with safe_open(str(Path(directory) / path), framework="pt") as handle:
+        with safe_open(str(target), framework="pt") as handle:
             return handle.get_tensor(key)
-    return load_file(str(Path(directory) / path))["data"]
+    return load_file(str(target))["data"]
