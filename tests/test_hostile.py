@@ -207,3 +207,94 @@ def test_crafted_trace_files_never_crash_the_loader(tmp_path_factory: pytest.Tem
                     assert ".." not in record.file and not record.file.startswith("/")
 
     load_crafted()
+
+
+def test_an_interrupted_forward_keeps_its_partial_trace() -> None:
+    class Interrupted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.a(x)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as raised:
+        graphtrace.capture(Interrupted(), torch.ones(1, 2), strategy="eager")
+    trace = raised.value.graphtrace_trace  # type: ignore[attr-defined]
+    assert [child.id for child in trace.root.children] == ["Interrupted.a@0"]
+    assert trace.root.error == "KeyboardInterrupt"
+    with pytest.raises(KeyboardInterrupt) as raised:  # under fx, even when it comes while a module is traced
+        graphtrace.capture(Interrupted(), torch.ones(1, 2))
+    assert raised.value.graphtrace_trace.root.error == "KeyboardInterrupt"  # type: ignore[attr-defined]
+
+
+def test_an_over_long_module_name_gets_a_short_file_name(tmp_path: Path) -> None:
+    name = "block_" + "x" * 244
+    model = nn.Sequential()
+    model.add_module(name, nn.Linear(2, 2))
+    trace = graphtrace.capture(model, torch.ones(1, 2), path=tmp_path, values="safetensors")
+    node = trace.find(f"Sequential.{name}")
+    record = node.outputs
+    assert node.path.endswith(name)  # the full name stays in the trace
+    assert record.file is not None and len(record.file) < 210  # type: ignore[union-attr]
+    from graphtrace.io.tensors import load_tensor
+
+    assert load_tensor(tmp_path, record.file).shape == (1, 2)  # type: ignore[union-attr]
+    again = graphtrace.capture(model, torch.ones(1, 2), path=tmp_path / "again", values="safetensors")
+    assert again.find(f"Sequential.{name}").outputs.file == record.file  # type: ignore[union-attr]
+
+
+def test_two_threads_capturing_one_model_are_told_and_leave_no_residue() -> None:
+    import threading
+
+    model = _model()
+    forwards = {name: module.forward for name, module in model.named_modules()}
+    entered, release = threading.Event(), threading.Event()
+
+    class Blocking(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            entered.set()
+            assert release.wait(timeout=30)
+            return self.inner(x)
+
+    outer = Blocking()
+    results: list[object] = []
+    worker = threading.Thread(target=lambda: results.append(graphtrace.capture(outer, torch.ones(1, 4))))
+    worker.start()
+    assert entered.wait(timeout=30)
+    try:
+        with pytest.raises(graphtrace.errors.InvalidOptionError, match="being captured by another thread"):
+            graphtrace.capture(outer, torch.ones(1, 4))
+    finally:
+        release.set()
+        worker.join(timeout=60)
+    assert len(results) == 1 and len(list(results[0].walk())) == 5  # type: ignore[attr-defined]
+    assert {name: module.__dict__.get("forward") for name, module in model.named_modules()} == dict.fromkeys(forwards)
+    assert len(list(graphtrace.capture(outer, torch.ones(1, 4)).walk())) == 5  # free again afterwards
+
+
+def test_two_threads_capturing_two_models_under_fx() -> None:
+    import threading
+
+    models = [_model(), _model()]
+    results: list[int] = []
+    errors: list[BaseException] = []
+
+    def run(model: nn.Module) -> None:
+        try:
+            for _ in range(3):
+                results.append(len(list(graphtrace.capture(model, torch.ones(1, 4)).walk())))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(model,)) for model in models]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors and results == [4] * 6

@@ -11,6 +11,7 @@ Sinks can also take a snapshot now and store it later, for the layer blocks that
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import shutil
@@ -191,9 +192,21 @@ class SafetensorsSink(_FileSink):
         super().finish()
 
 
+_MAX_NAME_BYTES = 200  # file systems allow 255 bytes per name; leave room for a temporary suffix
+
+
 def _file_name(name: str) -> str:
+    """The file name of a tensor named ``name`` (transformers' naming). A name too long for a file system is cut
+    and given a hash of the whole name, so it stays unique and the same from run to run; the record keeps the
+    module path in full."""
     filename = name.replace("/", "_")
-    return filename if filename.endswith(".safetensors") else filename + ".safetensors"
+    if not filename.endswith(".safetensors"):
+        filename += ".safetensors"
+    if len(filename.encode("utf-8")) <= _MAX_NAME_BYTES:
+        return filename
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:16]
+    stem = filename.encode("utf-8")[: _MAX_NAME_BYTES - 40].decode("utf-8", "ignore")
+    return f"{stem}-{digest}.safetensors"
 
 
 def _unlink(path: Path) -> None:

@@ -83,7 +83,11 @@ class FxEngine:
                 return call(*args, **kwargs)
             if caller is not None:
                 caller.child_begun(frame)
-            replay, key = self._start_replay(module, path, args, kwargs, frame)
+            try:
+                replay, key = self._start_replay(module, path, args, kwargs, frame)
+            except BaseException as exc:  # an interrupt while tracing: the call is marked, the trace kept
+                fail(frame, exc)
+                raise
             replays.append(replay)
             try:
                 output = call(*args, **kwargs)
