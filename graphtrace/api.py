@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, overload
+from typing import Any, Literal, get_args, overload
 
 import torch
 from torch import nn
@@ -43,7 +43,7 @@ safetensors file (a bundle) per forward call, or nothing."""
 Strategy = Literal["auto", "fx", "eager"]
 """How module calls are captured: torch.fx where trustworthy else forward wrapping, fx only, or wrapping only."""
 
-Ranks = Union[int, Literal["all"], Sequence[int]]
+Ranks = int | Literal["all"] | Sequence[int]
 """Which ranks of a torch.distributed job record: one rank (it writes into ``path``), or ``"all"`` or a list of
 ranks (each writes into ``path/rank_{r}/``)."""
 

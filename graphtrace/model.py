@@ -120,7 +120,7 @@ class TensorRecord:
         )
 
 
-Value = Union[TensorRecord, str, tuple["Value", ...], Mapping[str, "Value"]]
+Value = Union[TensorRecord, str, tuple["Value", ...], Mapping[str, "Value"]]  # noqa: UP007 (forward references)
 """A recorded input or output: a tensor record, a repr string, a tuple or a mapping of values."""
 
 

@@ -29,7 +29,6 @@ import inspect
 import logging
 import math
 import operator
-import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
