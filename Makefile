@@ -3,13 +3,18 @@
 PYTHON ?= python3
 PIP_INSTALL = $(PYTHON) -m pip install --quiet --disable-pip-version-check --root-user-action=ignore
 
-.PHONY: demo test install graphviz chromium benchmark
+.PHONY: demo test lint install graphviz chromium benchmark
 
 demo: install
 	$(PYTHON) -m graphtrace demo
 
-test: install chromium
+test: install chromium lint
 	$(PYTHON) -m pytest
+
+# Static checks, part of the test command: ruff's lint rules (pyproject.toml) and its formatting.
+lint: install
+	$(PYTHON) -m ruff check graphtrace tests benchmarks examples
+	$(PYTHON) -m ruff format --check graphtrace tests benchmarks examples
 
 install: graphviz
 	$(PIP_INSTALL) -c constraints/ci.txt -e '.[test]'

@@ -53,9 +53,9 @@ def main() -> None:
         for name, options in cases:
             trace = traces[name]
             graph = call_graph(trace, **options)
-            build = best_of(3, lambda: call_graph(trace, **options))
-            text = best_of(3, lambda: to_dot(graph))
-            svg = best_of(3, lambda: write_graph(graph, Path(scratch) / "graph.svg")) - text
+            build = best_of(3, lambda trace=trace, options=options: call_graph(trace, **options))
+            text = best_of(3, lambda graph=graph: to_dot(graph))
+            svg = best_of(3, lambda graph=graph: write_graph(graph, Path(scratch) / "graph.svg")) - text
             calls = graph.graph["calls"]
             print(
                 f"{name:<10} {str(options):<36} {calls:>6} {len(boxes(graph)):>6} {build:>7.3f}s {text:>8.3f}s "

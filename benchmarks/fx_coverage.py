@@ -51,8 +51,8 @@ def row(name: str, *, no_cache: bool, repeat: int) -> str:
     auto = _best_time(lambda: graphtrace.capture(model, inputs, strategy="auto"), repeat)
     coverage = graphtrace.capture(model, inputs).coverage()
     return (
-        f"| {name} | {coverage.module_calls} | {coverage.fx} ({coverage.fraction:.0%}) | {_reasons(dict(coverage.eager))} "
-        f"| {eager * 1000:.1f} | {auto * 1000:.1f} | {auto / eager:.1f}× |"
+        f"| {name} | {coverage.module_calls} | {coverage.fx} ({coverage.fraction:.0%}) "
+        f"| {_reasons(dict(coverage.eager))} | {eager * 1000:.1f} | {auto * 1000:.1f} | {auto / eager:.1f}× |"
     )
 
 

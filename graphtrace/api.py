@@ -15,11 +15,12 @@ import datetime
 import difflib
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, overload
+from typing import Any, Literal, get_args, overload
 
 import torch
 from torch import nn
@@ -42,7 +43,7 @@ safetensors file (a bundle) per forward call, or nothing."""
 Strategy = Literal["auto", "fx", "eager"]
 """How module calls are captured: torch.fx where trustworthy else forward wrapping, fx only, or wrapping only."""
 
-Ranks = Union[int, Literal["all"], Sequence[int]]
+Ranks = int | Literal["all"] | Sequence[int]
 """Which ranks of a torch.distributed job record: one rank (it writes into ``path``), or ``"all"`` or a list of
 ranks (each writes into ``path/rank_{r}/``)."""
 
@@ -181,6 +182,8 @@ class Session:
 
     def __enter__(self) -> Session:
         if self.recording:
+            _claim(self.model)
+            _ONE_CAPTURE.acquire()
             self._progress.start()
             try:
                 self._fallbacks = attach(
@@ -189,6 +192,8 @@ class Session:
             except BaseException:
                 self._ledger.restore()
                 self._progress.stop()
+                _ONE_CAPTURE.release()
+                _release(self.model)
                 raise
         return self
 
@@ -197,6 +202,9 @@ class Session:
             self._finish(exc)
         finally:
             self._progress.stop()
+            if self.recording:
+                _ONE_CAPTURE.release()
+                _release(self.model)
 
     def _finish(self, exc: BaseException | None) -> None:
         self._saving = True
@@ -412,13 +420,50 @@ def capture(
     try:
         with session, torch.no_grad():
             output = model(*args, **kwargs)
-    except Exception as exc:
+    except BaseException as exc:  # KeyboardInterrupt too: an interrupted forward keeps what it recorded
         # capture() has no session to hand back: the partial trace travels on the exception (see the note).
         with suppress(AttributeError, TypeError):
             exc.graphtrace_trace = session.trace  # type: ignore[attr-defined]
         raise
     assert session.trace is not None
     return (session.trace, output) if return_output else session.trace
+
+
+_ONE_CAPTURE = threading.RLock()
+"""Captures run one at a time in a process (a capture nested in a forward of the same thread goes on): torch.fx
+patches every module's ``__call__`` globally while it traces, so a second thread's forward would land in the first
+one's trace. A forward outside any capture, in another thread, can still meet that patch: torch.fx's limit."""
+
+_CAPTURING: dict[int, int] = {}  # id(model) -> the thread capturing it
+_CAPTURING_LOCK = threading.Lock()
+
+
+def _claim(model: nn.Module) -> None:
+    """Mark ``model`` as being captured by this thread; a capture of it already under way in another thread is an
+    error (both would patch the same forwards). A capture nested in the same thread (inside a forward) is not."""
+    me = threading.get_ident()
+    with _CAPTURING_LOCK:
+        owner = _CAPTURING.get(id(model))
+        if owner is not None and owner != me:
+            raise InvalidOptionError(
+                f"{type(model).__name__} is being captured by another thread; capture one model from one thread at "
+                "a time (or capture a copy of the model)."
+            )
+        _CAPTURING[id(model)] = me if owner is None else owner
+        _NESTING[id(model)] = _NESTING.get(id(model), 0) + 1
+
+
+def _release(model: nn.Module) -> None:
+    with _CAPTURING_LOCK:
+        left = _NESTING.get(id(model), 1) - 1
+        if left:
+            _NESTING[id(model)] = left
+        else:
+            _NESTING.pop(id(model), None)
+            _CAPTURING.pop(id(model), None)
+
+
+_NESTING: dict[int, int] = {}
 
 
 def _selector(patterns: tuple[str, ...]) -> Callable[[str], bool]:

@@ -8,9 +8,13 @@ rank 0 records.
 
 Where transformers is at fault, this one is not: a module called twice keeps each call's tensors (later calls'
 files are named ``{module_path}@{n}_...``); a keyword argument named ``value`` stays in SUMMARY; a forward that
-raises still writes the calls recorded so far, with the failing call marked; layers pruned by ``do_prune_layers``
-leave no files behind; and on exit every module's ``forward``, the model's attributes and torch's print options are
-exactly as they were.
+raises still writes the calls recorded so far, with the failing call marked; and on exit every module's
+``forward``, the model's attributes and torch's print options are exactly as they were.
+
+What transformers writes, this writes too, even where ``capture()`` is cheaper: with ``do_prune_layers`` and
+``use_repr=False``, the layer blocks pruned from the JSON still get their ``.safetensors`` files (scripts load
+them). The options take what transformers' take: ``do_prune_layers`` and ``use_repr`` are read for their truth
+(``None`` means no pruning), and a falsy ``debug_path`` writes into the current directory.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from graphtrace.engine.eager import attach_eager
 from graphtrace.errors import InvalidOptionError, OutputPathError
 from graphtrace.io.spec_json import write_spec_files
 from graphtrace.io.tensors import ReprSink, SafetensorsSink
-from graphtrace.io.trace_files import prepare_directory, referenced_files
+from graphtrace.io.trace_files import prepare_directory
 from graphtrace.model import CallNode, prune_layer_blocks
 
 __all__ = ["model_addition_debugger_context"]
@@ -40,21 +44,20 @@ __all__ = ["model_addition_debugger_context"]
 def model_addition_debugger_context(
     model: nn.Module,
     debug_path: str | None = None,
-    do_prune_layers: bool = True,
-    use_repr: bool = True,
+    do_prune_layers: bool | None = True,
+    use_repr: bool | None = True,
 ) -> Iterator[nn.Module]:
     """Trace every forward call of ``model`` inside the block into transformers' debug files; yields the model.
 
     Args:
         model: the model to trace.
-        debug_path: directory for the files (created if missing; the current directory when None).
-        do_prune_layers: keep only the first and last of repeated layer blocks in the JSON.
-        use_repr: write tensors as repr lines into FULL_TENSORS (True) or as safetensors files (False).
+        debug_path: directory for the files (created if missing; the current directory when None or empty).
+        do_prune_layers: keep only the first and last of repeated layer blocks in the JSON (read for its truth, as
+            transformers reads it: None means no pruning).
+        use_repr: write tensors as repr lines into FULL_TENSORS (truthy) or as safetensors files (falsy).
     """
     check_model(model)
-    for option, value in (("do_prune_layers", do_prune_layers), ("use_repr", use_repr)):
-        if not isinstance(value, bool):
-            raise InvalidOptionError(f"{option} must be True or False, got {value!r}.")
+    prune, use_repr = bool(do_prune_layers), bool(use_repr)
     directory = _debug_directory(debug_path)
     if current_rank() != 0:  # only rank 0 records; other ranks run the model untouched
         yield model
@@ -65,14 +68,11 @@ def model_addition_debugger_context(
 
     def write_step(step: CallNode) -> None:
         sink.finish()  # the step's files are on disk when its forward returns, as transformers'
-        tree = prune_layer_blocks(step) if do_prune_layers else step
-        write_spec_files(tree, directory, model_class)
-        if do_prune_layers:
-            for file in referenced_files(step) - referenced_files(tree):
-                (directory / file).unlink(missing_ok=True)
+        write_spec_files(prune_layer_blocks(step) if prune else step, directory, model_class)
 
-    # each call's files replace the last's
-    recorder = Recorder(sink, on_step=write_step, keep_steps=False, prune_layers=do_prune_layers)
+    # Each call's files replace the last's. Repr lines of blocks that pruning drops are never formatted; safetensors
+    # files are written for every block, as transformers writes them.
+    recorder = Recorder(sink, on_step=write_step, keep_steps=False, prune_layers=prune and use_repr)
     ledger = PatchLedger()
     try:
         attach_eager(model, recorder, ledger, root_no_grad=False)
@@ -85,7 +85,7 @@ def model_addition_debugger_context(
 
 
 def _debug_directory(debug_path: Any) -> Path:
-    if debug_path is None:
+    if not debug_path:  # transformers: `if debug_path:` guards makedirs, and the files go to the current directory
         return Path.cwd()
     if not isinstance(debug_path, (str, os.PathLike)):
         raise InvalidOptionError(f"debug_path must be a directory path or None, got {type(debug_path).__name__}.")

@@ -28,6 +28,7 @@ __all__ = [
     "CallKind",
     "CallNode",
     "DTensorInfo",
+    "SourceLine",
     "Stats",
     "StepInfo",
     "TensorRecord",
@@ -119,7 +120,7 @@ class TensorRecord:
         )
 
 
-Value = Union[TensorRecord, str, tuple["Value", ...], Mapping[str, "Value"]]
+Value = Union[TensorRecord, str, tuple["Value", ...], Mapping[str, "Value"]]  # noqa: UP007 (forward references)
 """A recorded input or output: a tensor record, a repr string, a tuple or a mapping of values."""
 
 
@@ -138,6 +139,21 @@ def iter_tensors(value: Value | None, name: str = "") -> Iterator[tuple[str, Ten
 
 
 @dataclass(frozen=True, slots=True)
+class SourceLine:
+    """Where an op was called: the user's file, line, function and the line's text (``model.py:112 in forward:
+    xq = xq * freqs_cos``), so that a porter can map an op record back to code."""
+
+    file: str
+    line: int
+    function: str
+    text: str
+
+    def __str__(self) -> str:
+        name = self.file.replace("\\", "/").rsplit("/", 1)[-1]
+        return f"{name}:{self.line} in {self.function}: `{self.text}`" if self.text else f"{name}:{self.line}"
+
+
+@dataclass(frozen=True, slots=True)
 class CallNode:
     """One call of a module (or, with op recording, of a functional op) and the calls it made.
 
@@ -147,7 +163,8 @@ class CallNode:
     child modules: the transformers format records outputs only for leaves and the root. ``outputs`` is None when
     the call raised; ``error`` then holds ``"ExceptionType: message"``. ``inputs_from`` lists the ids of the calls
     whose outputs this call received as inputs (data flow). ``strategy`` says how the call was captured
-    (``"eager"`` for forward wrapping, ``"fx"`` for a traced graph).
+    (``"eager"`` for forward wrapping, ``"fx"`` for a traced graph). An op recorded during the real forward (the op
+    tier, ``engine/ops.py``) has its ``source``: the line of user code that called it.
     """
 
     path: str
@@ -162,6 +179,7 @@ class CallNode:
     children: tuple[CallNode, ...] = ()
     error: str | None = None
     inputs_from: tuple[str, ...] = ()
+    source: SourceLine | None = None
 
     @property
     def id(self) -> str:

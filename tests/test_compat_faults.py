@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from torch import nn
 from torch._tensor_str import PRINT_OPTS
 
+import graphtrace
 from graphtrace import model_addition_debugger_context
 from graphtrace.errors import GraphtraceError, InvalidModelError, OutputPathError
 from tests.conftest import run_reference
@@ -207,9 +208,14 @@ def test_debug_path_that_cannot_be_created(tmp_path: Path) -> None:
     assert isinstance(raised.value.__cause__, OSError)
 
 
-def test_pruned_layers_leave_no_safetensors_files(tmp_path: Path) -> None:
+def test_pruned_layers_keep_their_safetensors_files_in_the_shim_and_not_in_capture(tmp_path: Path) -> None:
     model = nn.Sequential(*(nn.Sequential(nn.Linear(2, 2)) for _ in range(5)))
-    with model_addition_debugger_context(model, debug_path=str(tmp_path), use_repr=False):
+    with model_addition_debugger_context(model, debug_path=str(tmp_path / "shim"), use_repr=False):
         model(torch.ones(1, 2))
-    layers = {p.name.split("_")[0] for p in tmp_path.glob("Sequential.*.safetensors")}
-    assert layers == {"Sequential.0", "Sequential.0.0", "Sequential.4", "Sequential.4.0"}
+    layers = {p.name.split("_")[0] for p in (tmp_path / "shim").glob("Sequential.*.safetensors")}
+    assert layers == {f"Sequential.{i}" for i in range(5)} | {f"Sequential.{i}.0" for i in range(5)}  # as transformers
+    summary = (tmp_path / "shim" / "Sequential_debug_tree_SUMMARY.json").read_text()
+    assert "Sequential.2" not in summary  # only the JSON is pruned
+    graphtrace.capture(model, torch.ones(1, 2), path=tmp_path / "capture", values="safetensors", prune_layers=True)
+    layers = {p.name.split("_")[0] for p in (tmp_path / "capture").glob("Sequential.*.safetensors")}
+    assert layers == {"Sequential.0", "Sequential.0.0", "Sequential.4", "Sequential.4.0"}  # capture() stays cheaper

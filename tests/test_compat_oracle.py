@@ -158,3 +158,19 @@ def test_root_body_keeps_callers_grad_mode(tmp_path: Path) -> None:
     x = torch.randn(2, 3)
     _compare(tmp_path, model, lambda: model(x), use_repr=True)
     assert "grad_fn=<MulBackward0>" in (tmp_path / "ours" / "ScaledRoot_debug_tree_FULL_TENSORS.json").read_text()
+
+
+@pytest.mark.parametrize("value", [None, 0, 1, ""])
+def test_options_are_read_for_their_truth_as_transformers_reads_them(tmp_path: Path, value: object) -> None:
+    model, inputs = ORACLE_MODELS["llama"]()
+    _compare(tmp_path, model, lambda: model(**inputs), use_repr=False, do_prune_layers=value)
+
+
+def test_a_falsy_debug_path_writes_into_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import graphtrace
+
+    model = nn.Sequential(nn.Linear(2, 2))
+    monkeypatch.chdir(tmp_path)
+    with graphtrace.model_addition_debugger_context(model, debug_path="", do_prune_layers=None):
+        model(torch.ones(1, 2))
+    assert (tmp_path / "Sequential_debug_tree_SUMMARY.json").is_file()

@@ -357,8 +357,10 @@ def test_a_forward_that_raises_keeps_its_type_and_the_partial_trace() -> None:
     assert [(n.id, n.kind, n.strategy) for n in session.trace.walk()] == [
         ("ComputesThenFails@0", "module", "eager"),
         ("ComputesThenFails.norm@0", "module", "fx"),
+        ("ComputesThenFails#mul@0", "op", "eager"),
+        ("ComputesThenFails#relu@0", "op", "eager"),
         ("ComputesThenFails.mismatched@0", "module", "eager"),
-    ]  # the root's op records (mul, relu) were withdrawn with its graph, which the raise left unverified
+    ]  # the op tier records the ops the real forward ran before it raised, whether or not fx verified the graph
     assert session.trace.fallbacks == {}  # a forward that raises says nothing about fx
     assert _same_state(before, _state(model))
 

@@ -138,3 +138,28 @@ def test_a_bug_inside_a_module_is_explained_as_such(captured: Callable[..., tupl
     assert found.explanation.startswith("inside transformer.h.2.mlp ↔ h.2.mlp, before transformer.h.2.mlp.c_proj")
     report = graphtrace.compare(original, port).to_json()["first_divergence"]
     assert report["inside"] is True and report["before"]["b"].endswith("h.2.mlp.proj@0")
+
+
+@pytest.mark.parametrize(
+    ("arch", "bug", "op", "line"),
+    [
+        ("llama", "rope_base", "mul", "torch.view_as_real(cq * f)"),
+        ("llama", "scale_1_over_d", "mul", "torch.matmul(xq, keys.transpose(2, 3)) * scale"),
+        ("llama", "bf16_attention", "bfloat16", "xq.bfloat16()"),
+        ("gpt2", "scale_1_over_d", "mul", "att = (q @ k.transpose(-2, -1)) *"),
+        ("gpt2", "bf16_attention", "bfloat16", "q.bfloat16()"),
+        ("gpt2", "bf16_activation", "to", "h.to(torch.bfloat16)"),
+    ],
+)
+def test_the_op_and_its_source_line_are_named_inside_the_module(
+    captured: Callable[..., tuple[Path, Path]], arch: str, bug: str, op: str, line: str
+) -> None:
+    original, port = captured(arch, bug, False, "safetensors", ops=True)
+    result = graphtrace.compare(original, port)
+    found = result.divergence
+    assert found is not None and found.op_locus is not None
+    locus = found.op_locus
+    assert locus.op.name == op and locus.op.source is not None
+    assert line in locus.op.source.text and locus.op.source.file.endswith(f"independent_{arch}.py")
+    assert "has no counterpart in the original" in result.table()
+    assert result.to_json()["first_divergence"]["op_locus"].startswith(f"port independent_{arch}.py:")

@@ -52,10 +52,9 @@ def _tree() -> CallNode:
 
 def test_texts_equal_json_dumps_of_the_spec_dicts() -> None:
     root = _tree()
-    for include_ops in (False, True):
-        full, summary = spec_texts(root, include_ops=include_ops)
-        assert full == json.dumps(node_to_spec(root, full=True, include_ops=include_ops), indent=2)
-        assert summary == json.dumps(node_to_spec(root, full=False, include_ops=include_ops), indent=2)
+    full, summary = spec_texts(root)
+    assert full == json.dumps(node_to_spec(root, full=True), indent=2)
+    assert summary == json.dumps(node_to_spec(root, full=False), indent=2)
     assert '"value": "a kwarg named value"' in summary  # only tensors lose their value
 
 

@@ -176,12 +176,3 @@ def test_op_records_and_pruning_leave_exactly_the_referenced_files(tmp_path: Pat
     root_outputs = {name for name in on_disk if name.startswith("LlamaForCausalLM_outputs")}
     assert kept <= on_disk and on_disk - kept <= root_outputs  # pruned calls' and ops' files are gone
     assert len(trace.steps) == 1
-
-
-def test_discarding_a_bundled_value_keeps_the_bundle_intact(tmp_path: Path) -> None:
-    sink = BundleSink(tmp_path, "M")
-    kept = sink.store(torch.arange(4.0), "kept")[1]
-    dropped = sink.store(torch.ones(3), "dropped")[1]
-    sink.discard(dropped)  # an op record withdrawn after a failed fx replay
-    sink.close()
-    assert torch.equal(load_tensor(tmp_path, kept), torch.arange(4.0))

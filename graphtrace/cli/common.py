@@ -39,7 +39,7 @@ def add_capture_options(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="capture through torch.fx where trustworthy (auto), fx only, or forward wrapping only",
     )
-    parser.add_argument("--ops", action="store_true", help="also record functional ops inside fx-traced modules")
+    parser.add_argument("--ops", action="store_true", help="also record the ops each module calls, with source lines")
     parser.add_argument(
         "--modules",
         metavar="GLOB",

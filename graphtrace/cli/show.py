@@ -30,6 +30,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--depth", type=int, default=None, help="show calls down to this depth (root = 0)")
     parser.add_argument("--step", type=int, default=None, help="show only this top-level call (default: all)")
     parser.add_argument(
+        "--ops", action="store_true", help="list each module's op records with their source lines (folded by default)"
+    )
+    parser.add_argument(
         "--nonfinite",
         action="store_true",
         help="name the first call whose output holds NaN or Inf while its inputs are finite, instead of the tree",
@@ -118,14 +121,17 @@ def _label(call: CallNode, trace: Trace, root: bool) -> Text:
     outputs = describe_value(call.outputs)
     if outputs:
         label.append(f" -> {outputs}", style="blue")
+    if call.source is not None:
+        label.append(f"  {call.source}", style="dim")
     for text, style in _markers(call, trace):
         label.append("  ")
         label.append(text, style=style)
     return label
 
 
-def call_tree(trace: Trace, node: CallNode, depth: int | None) -> Tree:
-    """``node``'s subtree as a rich Tree, cut at ``depth`` (the calls below counted)."""
+def call_tree(trace: Trace, node: CallNode, depth: int | None, ops: bool = False) -> Tree:
+    """``node``'s subtree as a rich Tree, cut at ``depth`` (the calls below counted). A module's op records are
+    folded into one line (how many, of which kinds) unless ``ops``; listed, each shows the line that called it."""
     tree = Tree(_label(node, trace, True), guide_style="dim")
     stack = [(node, tree, 0)]
     while stack:
@@ -135,7 +141,14 @@ def call_tree(trace: Trace, node: CallNode, depth: int | None) -> Tree:
                 below = sum(1 for _ in call.walk()) - 1
                 branch.add(Text(f"... {below} calls below", style="dim", no_wrap=True, overflow="ignore"))
             continue
-        added = [(child, branch.add(_label(child, trace, False)), level + 1) for child in call.children]
+        children = call.children if ops else tuple(child for child in call.children if child.kind != "op")
+        added = [(child, branch.add(_label(child, trace, False)), level + 1) for child in children]
+        folded = len(call.children) - len(children)
+        if folded:
+            kinds = dict.fromkeys(child.name for child in call.children if child.kind == "op")
+            names = ", ".join(list(kinds)[:6]) + (", ..." if len(kinds) > 6 else "")
+            line = f"· {folded} op{'s' if folded > 1 else ''} ({names}); --ops lists them"
+            branch.add(Text(line, style="dim", no_wrap=True, overflow="ignore"))
         stack.extend(reversed(added))
     return tree
 
@@ -169,5 +182,5 @@ def run(args: argparse.Namespace) -> int:
         about = describe_step(trace.step_info[number]) if number < len(trace.step_info) else ""
         if len(trace.steps) > 1 or about:
             out.print(Text(f"step {number}:" + (f" {about}" if about else ""), style="bold"))
-        out.print(call_tree(trace, step, args.depth))
+        out.print(call_tree(trace, step, args.depth, args.ops))
     return 0

@@ -23,6 +23,7 @@ from graphtrace.compare.align import AlignMode, align_calls, returned_order
 from graphtrace.compare.fused import find_fused
 from graphtrace.compare.measure import TensorDiff, Tolerance
 from graphtrace.compare.nonfinite import first_nonfinite
+from graphtrace.compare.ops import OpLocus, locate_op
 from graphtrace.compare.pairs import CallDiff, StoredValues, diff_call, diff_fused
 from graphtrace.compare.report import Comparison, Unmatched
 from graphtrace.compare.rules import RenameRule, parse_rules
@@ -128,6 +129,7 @@ def compare(
     only_a: list[Unmatched] = []
     only_b: list[Unmatched] = []
     used: set[RenameRule] = set()
+    stores: dict[int, StoredValues] = {}
     for step_a, step_b in _step_pairs(trace_a, trace_b, step):
         if step_a is None or step_b is None:
             lone, number, into = (trace_a, step_a, only_a) if step_b is None else (trace_b, step_b, only_b)
@@ -136,7 +138,7 @@ def compare(
             continue
         root_a, root_b = trace_a.steps[step_a], trace_b.steps[step_b]
         alignment = align_calls(root_a, root_b, rules=compiled, mode=align, tolerance=tolerance, used_rules=used)
-        stored = StoredValues(_step_dir(trace_a, step_a), _step_dir(trace_b, step_b))
+        stored = stores[step_a] = StoredValues(_step_dir(trace_a, step_a), _step_dir(trace_b, step_b))
         order = {id(node): k for k, node in enumerate(returned_order(root_a))}
         matches = sorted(alignment.matches, key=lambda match: order[id(match.a)])
         step_calls = [diff_call(step_a, match, tolerance, stored) for match in matches]
@@ -149,7 +151,16 @@ def compare(
         calls += step_calls
         only_a += [Unmatched(step_a, node) for node in alignment.only_a if id(node) not in paired]
         only_b += [Unmatched(step_b, node) for node in alignment.only_b if id(node) not in paired]
+    tolerance_ = tolerance
+
+    def op_locator(call: CallDiff) -> OpLocus | None:
+        stored = stores.get(call.step)
+        if stored is None:
+            return None
+        return locate_op(call.a, call.b, tolerance_, stored.both)
+
     return Comparison(
+        op_locator=op_locator,
         a=trace_a,
         b=trace_b,
         a_label=label_a,

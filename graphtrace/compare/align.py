@@ -32,6 +32,8 @@ AlignMode = Literal["auto", "path", "structure"]
 MatchKind = Literal["path", "rule", "structure", "fused"]
 """How a pair was matched; ``"fused"`` pairs a slice of a fused projection with a separate one (compare/fused.py)."""
 
+DEFAULT_TOLERANCE = Tolerance()
+
 FULL_DP_CELLS = 250_000
 """Gaps of up to this many candidate pairs are aligned exactly; larger ones within a band around the diagonal."""
 
@@ -309,7 +311,7 @@ def align_calls(
     *,
     rules: Sequence[RenameRule] = (),
     mode: AlignMode = "auto",
-    tolerance: Tolerance = Tolerance(),
+    tolerance: Tolerance = DEFAULT_TOLERANCE,
     used_rules: set[RenameRule] | None = None,
 ) -> Alignment:
     """Match the calls of two steps (see the module docstring); the roots always match each other.

@@ -64,7 +64,7 @@ def _runs(fused: CallNode, candidates: Sequence[CallNode]) -> Iterator[tuple[Cal
     if out is None or given is None or not out.shape:
         return
     width, lead = out.shape[-1], squeezed(out.shape[:-1])
-    usable = []
+    usable: list[int | None] = []
     for node in candidates:
         part_out, part_in = _single_output(node), _first_input(node)
         if part_out is None or part_in is None or not part_out.shape or part_out.dtype != out.dtype:

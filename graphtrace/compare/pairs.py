@@ -128,6 +128,8 @@ class StoredValues:
 
                 files = self._files[side] = TensorFiles(directory)
             return files.load(record.file)
+        except TraceFormatError:
+            raise  # a reference leading out of the trace's directory: said as it is
         except Exception as exc:
             raise TraceFormatError(
                 f"trace {where} refers to {record.file}, which cannot be read from {directory} "

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,11 +160,16 @@ class Comparison:
     only_in_b: tuple[Unmatched, ...]
     unused_rules: tuple[str, ...] = ()
     strict: bool = False
+    op_locator: Callable[[CallDiff], object | None] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @functools.cached_property
     def divergence(self) -> Divergence | None:
-        """Where B first departs from A, with the explanation (see :func:`locate_divergence`)."""
-        return locate_divergence(self.calls, self.a.steps)
+        """Where B first departs from A, with the explanation (see :func:`locate_divergence`), and when both traces
+        hold op records, the port's op where it departs (compare/ops.py)."""
+        found = locate_divergence(self.calls, self.a.steps)
+        if found is None or self.op_locator is None:
+            return found
+        return dataclasses.replace(found, op_locus=self.op_locator(found.call))
 
     @property
     def first_divergence(self) -> CallDiff | None:

@@ -48,7 +48,8 @@ def parse_rule(text: str) -> RenameRule:
     left, right = left.strip(), right.strip()
     if not sep:
         raise InvalidOptionError(
-            f"rename rule {text!r} has no '='. Write rules as LEFT=RIGHT, e.g. 'transformer.h.{{i}}=model.layers.{{i}}'."
+            f"rename rule {text!r} has no '='. Write rules as LEFT=RIGHT, "
+            "e.g. 'transformer.h.{i}=model.layers.{i}'."
         )
     _check_side(text, left, "left")
     _check_side(text, right, "right")

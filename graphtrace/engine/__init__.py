@@ -23,10 +23,19 @@ def attach(
     root_no_grad: bool,
 ) -> dict[str, str]:
     """Make ``model``'s calls reach ``recorder``; every patch goes through ``ledger``. Returns the fallbacks (module
-    path -> why torch.fx did not serve it), filled as the model runs."""
+    path -> why torch.fx did not serve it), filled as the model runs. With ``ops``, the op tier (engine/ops.py)
+    records the ops of every module call during the real forward, whichever engine serves the module."""
     if strategy == "eager":
         attach_eager(model, recorder, ledger, root_no_grad=root_no_grad)
-        return {}
-    from graphtrace.engine.fx import attach_fx  # torch.fx loads only when asked for
+        fallbacks: dict[str, str] = {}
+        tracing = None
+    else:
+        from graphtrace.engine.fx import attach_fx  # torch.fx loads only when asked for
 
-    return attach_fx(model, recorder, ledger, ops=ops, root_no_grad=root_no_grad)
+        engine = attach_fx(model, recorder, ledger, root_no_grad=root_no_grad)
+        fallbacks, tracing = engine.fallbacks, engine.tracing
+    if ops:
+        from graphtrace.engine.ops import OpTier
+
+        ledger.enter(OpTier(recorder, paused=tracing))
+    return fallbacks

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -25,17 +26,26 @@ class PatchLedger:
     """Instance attributes set during capture, with what they replaced, restored in reverse order."""
 
     def __init__(self) -> None:
-        self._patches: list[tuple[Any, str, Any]] = []
+        self._patches: list[tuple[Any, str, Any] | Callable[[], None]] = []
 
     def set_instance_attr(self, obj: Any, name: str, value: Any) -> None:
         """Set ``obj.name`` in the instance ``__dict__`` (no ``nn.Module.__setattr__`` side effects)."""
         self._patches.append((obj, name, obj.__dict__.get(name, _MISSING)))
         obj.__dict__[name] = value
 
+    def enter(self, context: AbstractContextManager[Any]) -> None:
+        """Enter ``context`` (a torch function mode) now and exit it with the other patches, in reverse order."""
+        context.__enter__()
+        self._patches.append(lambda: context.__exit__(None, None, None))
+
     def restore(self) -> None:
         """Undo every patch, newest first; safe to call twice."""
         while self._patches:
-            obj, name, old = self._patches.pop()
+            patch = self._patches.pop()
+            if callable(patch):
+                patch()
+                continue
+            obj, name, old = patch
             if old is _MISSING:
                 obj.__dict__.pop(name, None)
             else:

@@ -62,12 +62,6 @@ class LayerBlockDeferral:
         self._open.values.append((placeholder, snapshot, name))
         return placeholder
 
-    def withdraw(self, node: CallNode) -> None:
-        """``node`` was taken out of the tree (the recorder's ``discard_ops``): its values are not wanted either."""
-        if self._open is not None:
-            gone = {id(record) for call in node.walk() for _, record in (*call.input_tensors(), *call.output_tensors())}
-            self._open.values = [entry for entry in self._open.values if id(entry[0]) not in gone]
-
     def finishing(self, frame: Frame) -> None:
         """Before ``frame``'s node is built: its last pending child block was the last; store its values."""
         block = self._pending.pop(id(frame), None)

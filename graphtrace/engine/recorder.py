@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -22,7 +22,7 @@ from graphtrace.engine.caches import StepCache, find_cache
 from graphtrace.engine.layer_pruning import LayerBlockDeferral
 from graphtrace.engine.stats import NO_STATS, TensorSummary, summarize
 from graphtrace.errors import describe_error
-from graphtrace.model import CallKind, CallNode, DTensorInfo, StepInfo, TensorRecord, Value
+from graphtrace.model import CallKind, CallNode, DTensorInfo, SourceLine, StepInfo, TensorRecord, Value
 from graphtrace.reprs import sanitize_repr, spec_printoptions
 
 __all__ = ["Frame", "Recorder", "ValueSink"]
@@ -48,10 +48,6 @@ class ValueSink(Protocol):
 
     def store_snapshot(self, snapshot: Any, name: str) -> tuple[tuple[str, ...] | None, str | None]:
         """:meth:`store` of a value taken by :meth:`snapshot`."""
-        ...
-
-    def discard(self, file: str) -> None:
-        """Remove a file :meth:`store` wrote, whose record was withdrawn."""
         ...
 
     def finish(self) -> None:
@@ -96,6 +92,7 @@ class Frame:
         "inputs_from",
         "kind",
         "structural",
+        "source",
     )
 
     def __init__(
@@ -117,6 +114,7 @@ class Frame:
         self.inputs_from: list[str] = []
         self.kind = kind
         self.structural = False  # outside the modules selected for recording: kept only as an ancestor of them
+        self.source: SourceLine | None = None
 
 
 def _dtensor_info(value: Any) -> DTensorInfo | None:
@@ -174,6 +172,7 @@ class Recorder:
         self._stack: list[Frame] = []
         self._counts: dict[str, int] = {}
         self._seen: dict[int, _Seen] = {}
+        self._aliases: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
 
     @property
     def active(self) -> bool:
@@ -204,6 +203,7 @@ class Recorder:
             root = True  # the first call of a step is its root, also a detached submodule call
             self._counts = {}
             self._seen = {}
+            self._aliases = {}
             if self.step_caches:
                 cache = find_cache((*args, *kwargs.values()))
                 self._step_cache = StepCache(cache) if cache is not None else None
@@ -282,6 +282,7 @@ class Recorder:
             children=tuple(frame.children),
             error=error,
             inputs_from=tuple(frame.inputs_from),
+            source=frame.source,
         )
 
     def _attach(self, node: CallNode) -> None:
@@ -295,30 +296,55 @@ class Recorder:
             self.steps.append(node)
         self._step_count += 1
         self._seen = {}
+        self._aliases = {}
         if self.on_step is not None:
             self.on_step(node)
 
-    def producer_of(self, tensor: torch.Tensor) -> str | None:
-        """The id of the call whose output ``tensor`` was, if it was recorded as one in this step."""
-        seen = self._seen.get(id(tensor))
-        return seen.producer if seen is not None and seen.ref() is tensor else None
+    def current_module(self) -> Frame | None:
+        """The innermost call in progress when it is a recorded module call (not an op, not a structural ancestor
+        outside the selected modules): where an op called now belongs."""
+        stack = self._stack
+        if not stack:
+            return None
+        top = stack[-1]
+        return None if top.kind == "op" or top.structural else top
 
-    def discard_ops(self, frame: Frame) -> None:
-        """Withdraw the op records made inside ``frame`` (their graph failed verification): the nodes, their call
-        numbers and any files the sink wrote for them."""
-        kept = []
-        for node in frame.children:
-            if node.kind != "op":
-                kept.append(node)
-                continue
-            self._counts[node.path] -= 1
-            if self._deferral is not None:
-                self._deferral.withdraw(node)
-            if self.sink is not None:
-                for _, record in (*node.input_tensors(), *node.output_tensors()):
-                    if record.file is not None:
-                        self.sink.discard(record.file)
-        frame.children = kept
+    def record_op(self, name: str, inputs: Iterable[Any], output: Any, source: SourceLine) -> None:
+        """Record an op that the current module call made during the real forward (the op tier): its output, the
+        calls that produced its tensor inputs, and the line of user code that called it. Its output becomes the
+        producer of what it returned, so later ops and calls name it in their data flow."""
+        module = self.current_module()
+        if module is None:
+            return
+        frame = self.begin(f"{module.path}#{name}", name, True, (), {}, kind="op")
+        if frame is None:
+            return
+        frame.source = source
+        for tensor in inputs:
+            producer = self.producer_of(tensor)
+            if producer is not None and producer not in frame.inputs_from:
+                frame.inputs_from.append(producer)
+        try:
+            outputs = self._convert(output, f"{frame.name}_outputs", frame, True, True)
+        except BaseException as exc:
+            self.fail(frame, exc)
+            raise
+        self._finish(frame, outputs, None)
+
+    def producer_of(self, tensor: torch.Tensor) -> str | None:
+        """The id of the call whose output ``tensor`` was, if it was recorded as one in this step (or, for a view
+        the op tier saw made, the call whose output it views)."""
+        seen = self._seen.get(id(tensor))
+        if seen is not None and seen.ref() is tensor:
+            return seen.producer
+        alias = self._aliases.get(id(tensor))
+        return alias[1] if alias is not None and alias[0]() is tensor else None
+
+    def alias(self, view: torch.Tensor, base: torch.Tensor) -> None:
+        """``view`` holds ``base``'s values in another shape (an unrecorded op): data flow goes through it."""
+        producer = self.producer_of(base)
+        if producer is not None and view is not base:
+            self._aliases[id(view)] = (weakref.ref(view), producer)
 
     # -- values -----------------------------------------------------------------------------------------------------
 
@@ -355,8 +381,8 @@ class Recorder:
         dtensor: DTensorInfo | None,
     ) -> TensorRecord:
         seen = self._remember(tensor)
-        if frame.kind == "op":
-            pass
+        if frame.kind == "op" and frame.source is None:
+            pass  # an fx op record: its data flow comes from the graph
         elif produced:
             seen.producer = frame.id
         elif seen.producer is not None and seen.producer not in frame.inputs_from:

@@ -104,9 +104,10 @@ def _reductions(tensor: torch.Tensor, precision: int) -> list[float]:
 
 
 def summarize(tensor: torch.Tensor) -> TensorSummary:
-    """Statistics and non-finite counts of ``tensor`` (empty for non-floating or empty tensors)."""
+    """Statistics and non-finite counts of ``tensor`` (empty for non-floating, empty or meta tensors: a meta tensor
+    has a shape and a dtype but no values)."""
     dtype = tensor.dtype
-    if not dtype.is_floating_point or tensor.numel() == 0 or tensor.layout != torch.strided:
+    if not dtype.is_floating_point or tensor.numel() == 0 or tensor.layout != torch.strided or tensor.is_meta:
         return NO_STATS
     spec_dtype = dtype in SPEC_STAT_DTYPES
     if spec_dtype and _needs_reference_path(tensor):

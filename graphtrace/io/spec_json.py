@@ -4,9 +4,8 @@ Writing follows transformers' ``model_addition_debugger_context`` key for key: n
 ``inputs``, ``outputs``, ``children`` in that order; a submodule drops an empty ``args``/``kwargs`` and an empty
 ``children``; only leaf modules and the root carry outputs, and every node with children loses its ``outputs``; the
 root loses its falsy keys. SUMMARY is FULL without the tensors' ``value`` (a keyword argument that happens to be
-named ``value`` stays, unlike in transformers). A call that raised carries an extra ``error`` key. With
-``include_ops`` (a trace captured with ``ops=True``), the ops recorded inside a module are children of its node, in
-the order they ran among its module calls; a leaf module keeps its ``outputs`` beside them.
+named ``value`` stays, unlike in transformers). A call that raised carries an extra ``error`` key. Op records
+(``ops=True``) are not part of this format: they live in graphtrace's own file only.
 
 Reading turns such files, written by graphtrace or by transformers, back into :class:`~graphtrace.model.CallNode`\\ s.
 """
@@ -24,6 +23,7 @@ from typing import Any
 from graphtrace.errors import TraceFormatError
 from graphtrace.io.json_text import dumps_key
 from graphtrace.io.json_text import escape as _escape
+from graphtrace.io.safe_paths import write_atomic
 from graphtrace.model import CallNode, Stats, TensorRecord, Value
 from graphtrace.reprs import spec_shape
 
@@ -76,7 +76,7 @@ def _json_key(key: Any) -> Any:
     return key if isinstance(key, (str, int, float, bool)) or key is None else str(key)
 
 
-def _node_fields(node: CallNode, root: bool, include_ops: bool) -> list[tuple[str, Any]]:
+def _node_fields(node: CallNode, root: bool) -> list[tuple[str, Any]]:
     """The keys of ``node``'s JSON object in order, with the recorded values they hold (children as CallNodes)."""
     inputs: dict[str, Any] = {}
     if root or node.args:
@@ -84,8 +84,8 @@ def _node_fields(node: CallNode, root: bool, include_ops: bool) -> list[tuple[st
     if root or node.kwargs:
         inputs["kwargs"] = node.kwargs
     fields: list[tuple[str, Any]] = [("module_path", node.path), ("inputs", inputs)]
-    children = [child for child in node.children if include_ops or child.kind != "op"]
-    if not any(child.kind == "module" for child in children):  # a leaf keeps its outputs beside its op children
+    children = [child for child in node.children if child.kind != "op"]
+    if not children:
         outputs = node.outputs if (root or node.leaf) else None
         if not root or outputs:  # the root drops falsy keys (a recorded value is falsy exactly when its JSON is)
             fields.append(("outputs", outputs))
@@ -96,10 +96,10 @@ def _node_fields(node: CallNode, root: bool, include_ops: bool) -> list[tuple[st
     return fields
 
 
-def node_to_spec(node: CallNode, *, full: bool, root: bool = True, include_ops: bool = False) -> dict[str, Any]:
+def node_to_spec(node: CallNode, *, full: bool, root: bool = True) -> dict[str, Any]:
     """The transformers JSON node of ``node`` and its subtree (FULL_TENSORS when ``full``, else SUMMARY)."""
     out: dict[str, Any] = {}
-    for key, value in _node_fields(node, root, include_ops):
+    for key, value in _node_fields(node, root):
         if key == "inputs":
             inputs = {}
             if "args" in value:
@@ -108,17 +108,17 @@ def node_to_spec(node: CallNode, *, full: bool, root: bool = True, include_ops: 
                 inputs["kwargs"] = {_json_key(k): _value_to_spec(v, full) for k, v in value["kwargs"].items()}
             value = inputs
         elif key == "children":
-            value = [node_to_spec(child, full=full, root=False, include_ops=include_ops) for child in value]
+            value = [node_to_spec(child, full=full, root=False) for child in value]
         elif key == "outputs" and value is not None:
             value = _value_to_spec(value, full)
         out[key] = value
     return out
 
 
-def spec_texts(step: CallNode, *, include_ops: bool = False) -> tuple[str, str]:
+def spec_texts(step: CallNode) -> tuple[str, str]:
     """The FULL_TENSORS and SUMMARY texts of one top-level call: ``json.dumps(node_to_spec(...), indent=2)`` of
     each, produced together (SUMMARY is FULL_TENSORS without the tensors' values, at the same indentation)."""
-    writer = _SpecWriter(include_ops)
+    writer = _SpecWriter()
     writer.node(step, 0, True)
     chunks = writer.chunks
     full = "".join(chunks)
@@ -130,8 +130,7 @@ def spec_texts(step: CallNode, *, include_ops: bool = False) -> tuple[str, str]:
 class _SpecWriter:
     """Emits the spec JSON of a call tree as text chunks, remembering where each tensor's ``value`` item lies."""
 
-    def __init__(self, include_ops: bool) -> None:
-        self.include_ops = include_ops
+    def __init__(self) -> None:
         self.chunks: list[str] = []
         self.values: list[tuple[int, int]] = []
         self._breaks = ["\n"]
@@ -146,7 +145,7 @@ class _SpecWriter:
         append = self.chunks.append
         inner = self.newline(level + 1)
         first = "{"
-        for key, value in _node_fields(node, root, self.include_ops):
+        for key, value in _node_fields(node, root):
             append(first + inner + '"' + key + '": ')
             first = ","
             if key == "inputs":
@@ -254,16 +253,11 @@ def _json_key_text(key: Any) -> str:
     return dumps_key(_json_key(key))
 
 
-def write_spec_files(
-    step: CallNode, directory: str | os.PathLike[str], model_class: str, *, include_ops: bool = False
-) -> list[Path]:
+def write_spec_files(step: CallNode, directory: str | os.PathLike[str], model_class: str) -> list[Path]:
     """Write FULL_TENSORS then SUMMARY for one top-level call into ``directory``; returns both paths."""
     written = []
-    for name, text in zip(spec_file_names(model_class), spec_texts(step, include_ops=include_ops)):
-        path = Path(directory) / name
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        written.append(path)
+    for name, text in zip(spec_file_names(model_class), spec_texts(step)):
+        written.append(write_atomic(Path(directory) / name, text))
     return written
 
 

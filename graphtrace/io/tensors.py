@@ -11,6 +11,7 @@ Sinks can also take a snapshot now and store it later, for the layer blocks that
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from safetensors.torch import save_file
 
 from graphtrace.errors import OutputPathError, UnsupportedTensorError
 from graphtrace.io.file_writer import BackgroundWriter
+from graphtrace.io.safe_paths import inside
 from graphtrace.io.safetensors_format import DTYPE_NAMES, bundle_header, single_tensor_header, split_reference
 from graphtrace.io.tensor_repr import PrintedValues, lines_of, printed_values, repr_lines
 from graphtrace.reprs import SPEC_LINEWIDTH
@@ -38,9 +40,6 @@ class ReprSink:
 
     def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
         return repr_lines(tensor), None
-
-    def discard(self, file: str) -> None:
-        """Nothing to remove: repr lines live in the record itself."""
 
     def snapshot(self, tensor: torch.Tensor, name: str) -> PrintedValues | tuple[str, ...]:
         """The printed elements now, formatted by :meth:`store_snapshot` if the value is wanted after all."""
@@ -188,21 +187,26 @@ class SafetensorsSink(_FileSink):
         self.writer.submit(write, len(header) + data.numel() * data.element_size())
         return None, f"./{target.name}"
 
-    def discard(self, file: str) -> None:
-        """Remove a file :meth:`store` wrote into the current directory (``file`` as :meth:`store` returned it), once
-        it is written; later stores of the same tensor write it again."""
-        target = self.directory / file
-        self._written = {key: entry for key, entry in self._written.items() if entry[2] != target}
-        self.writer.submit(lambda: _unlink(target), 0)
-
     def finish(self) -> None:
         self._written = {}
         super().finish()
 
 
+_MAX_NAME_BYTES = 200  # file systems allow 255 bytes per name; leave room for a temporary suffix
+
+
 def _file_name(name: str) -> str:
+    """The file name of a tensor named ``name`` (transformers' naming). A name too long for a file system is cut
+    and given a hash of the whole name, so it stays unique and the same from run to run; the record keeps the
+    module path in full."""
     filename = name.replace("/", "_")
-    return filename if filename.endswith(".safetensors") else filename + ".safetensors"
+    if not filename.endswith(".safetensors"):
+        filename += ".safetensors"
+    if len(filename.encode("utf-8")) <= _MAX_NAME_BYTES:
+        return filename
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:16]
+    stem = filename.encode("utf-8")[: _MAX_NAME_BYTES - 40].decode("utf-8", "ignore")
+    return f"{stem}-{digest}.safetensors"
 
 
 def _unlink(path: Path) -> None:
@@ -319,9 +323,6 @@ class BundleSink(_FileSink):
         self.writer.submit(write, nbytes)
         return None, f"./{self._shards[-1]}#{name}"
 
-    def discard(self, file: str) -> None:
-        """Leave the bytes where they are: a bundle has no holes, and another record may point at the same key."""
-
     def finish(self) -> None:
         """Complete the step's shards and write the index ``{stem}_tensors.safetensors.index.json``."""
         self._complete_shard()
@@ -353,7 +354,7 @@ class TensorFiles:
             return load_tensor(self.directory, file)
         handle = self._shards.get(path)
         if handle is None:
-            handle = self._shards[path] = safe_open(str(self.directory / path), framework="pt")
+            handle = self._shards[path] = safe_open(str(inside(self.directory, path)), framework="pt")
         return handle.get_tensor(key)
 
 
@@ -364,7 +365,8 @@ def load_tensor(directory: str | os.PathLike[str], file: str) -> torch.Tensor:
     from safetensors.torch import load_file
 
     path, key = split_reference(file)
+    target = inside(directory, path)  # never a file outside the trace's directory
     if key is not None:
-        with safe_open(str(Path(directory) / path), framework="pt") as handle:
+        with safe_open(str(target), framework="pt") as handle:
             return handle.get_tensor(key)
-    return load_file(str(Path(directory) / path))["data"]
+    return load_file(str(target))["data"]

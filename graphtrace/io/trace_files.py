@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from graphtrace.errors import OutputPathError, TraceFormatError
+from graphtrace.io.safe_paths import check_model_class, inside, write_atomic
 from graphtrace.io.safetensors_format import split_reference
 from graphtrace.io.spec_json import FULL_SUFFIX, SUMMARY_SUFFIX, read_spec_file, write_spec_files
 from graphtrace.io.trace_json import trace_from_json, trace_text
@@ -100,23 +101,21 @@ def save_trace(trace: Trace, directory: str | os.PathLike[str]) -> list[str]:
     for i, step in enumerate(trace.steps):
         out = step_directory(target, i, len(trace.steps))
         out.mkdir(exist_ok=True)
-        written += write_spec_files(step, out, trace.meta.model_class, include_ops=trace.meta.ops)
+        written += write_spec_files(step, out, trace.meta.model_class)
         if source is None:
             continue
         from_dir = step_directory(source, i, len(trace.steps))
         kept = referenced_files(step)
         for file in sorted(kept | _bundle_indexes(from_dir, kept)):
-            src, dst = from_dir / file, out / file
-            if src.resolve() != dst.resolve():
+            src, dst = inside(from_dir, file), inside(out, file)  # a hostile reference reads and writes nowhere
+            if src != dst:
                 shutil.copyfile(src, dst)
             written.append(dst)
         if from_dir.resolve() == out.resolve():
             for file in referenced_files(full.steps[i]) - kept:
-                (from_dir / file).unlink(missing_ok=True)
-    own = target / f"{trace.meta.model_class}{OWN_SUFFIX}"
-    with open(own, "w", encoding="utf-8") as handle:
-        handle.write(trace_text(trace))
-    written.append(own)
+                inside(from_dir, file).unlink(missing_ok=True)
+    own = target / f"{check_model_class(trace.meta.model_class)}{OWN_SUFFIX}"
+    written.append(write_atomic(own, trace_text(trace)))
     return [str(path) for path in written]
 
 
@@ -152,6 +151,23 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
     """Read a trace directory or file written by graphtrace, or by transformers' ``model_addition_debugger_context``
     (then only what that format holds is known: no call types, strategies, counts of non-finite values)."""
     file = find_trace_file(path)
+    try:
+        trace = _load_file(file)
+        check_model_class(trace.meta.model_class)
+        for node in trace.walk():
+            for _, record in (*node.input_tensors(), *node.output_tensors()):
+                if record.file is not None:
+                    inside(file.parent, split_reference(record.file)[0])
+    except TraceFormatError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
+        # a crafted or damaged file: one line that says so, never a traceback
+        what = "too deeply nested" if isinstance(exc, RecursionError) else f"{type(exc).__name__}: {str(exc)[:120]}"
+        raise TraceFormatError(f"{file} is not a trace graphtrace can read ({what}).") from exc
+    return trace
+
+
+def _load_file(file: Path) -> Trace:
     directory = str(file.parent)
     if file.name.endswith(OWN_SUFFIX):
         try:

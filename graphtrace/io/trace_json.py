@@ -22,6 +22,7 @@ from graphtrace.model import (
     SCHEMA_VERSION,
     CallNode,
     DTensorInfo,
+    SourceLine,
     Stats,
     StepInfo,
     TensorRecord,
@@ -64,15 +65,29 @@ def _tensor_out(record: TensorRecord) -> dict[str, Any]:
 
 def _tensor_in(raw: Mapping[str, Any]) -> TensorRecord:
     dtensor = raw.get("dtensor")
+    shape = _typed(raw["shape"], list, "tensor shape")
+    if not all(isinstance(size, int) and not isinstance(size, bool) and size >= 0 for size in shape):
+        raise TraceFormatError(f"unreadable tensor shape in trace file: {str(shape)[:80]!r}")
+    file = raw.get("file")
+    if file is not None:
+        _typed(file, str, "tensor file")
+    stats = raw.get("stats")
+    if stats is not None and (not isinstance(stats, list) or len(stats) != 4):
+        raise TraceFormatError(f"unreadable tensor statistics in trace file: {str(stats)[:80]!r}")
+    spec_stats = raw.get("spec_stats")
+    if spec_stats is not None and (
+        not isinstance(spec_stats, list) or len(spec_stats) != 4 or not all(isinstance(x, str) for x in spec_stats)
+    ):
+        raise TraceFormatError(f"unreadable tensor statistics in trace file: {str(spec_stats)[:80]!r}")
     return TensorRecord(
-        shape=tuple(raw["shape"]),
-        dtype=raw["dtype"],
-        device=raw.get("device", "cpu"),
-        stats=Stats(*(_float_in(x) for x in raw["stats"])) if "stats" in raw else None,
-        spec_stats=tuple(raw["spec_stats"]) if "spec_stats" in raw else None,  # type: ignore[arg-type]
-        nan_count=raw.get("nan", 0),
-        inf_count=raw.get("inf", 0),
-        file=raw.get("file"),
+        shape=tuple(shape),
+        dtype=_typed(raw["dtype"], str, "tensor dtype"),
+        device=_typed(raw.get("device", "cpu"), str, "tensor device"),
+        stats=Stats(*(_float_in(x) for x in stats)) if stats is not None else None,
+        spec_stats=(spec_stats[0], spec_stats[1], spec_stats[2], spec_stats[3]) if spec_stats is not None else None,
+        nan_count=_typed(raw.get("nan", 0), int, "NaN count"),
+        inf_count=_typed(raw.get("inf", 0), int, "Inf count"),
+        file=file,
         dtensor=DTensorInfo(
             placements=dtensor["placements"],
             mesh_shape=tuple(dtensor["mesh_shape"]),
@@ -121,25 +136,47 @@ def _node_out(node: CallNode) -> dict[str, Any]:
         out["error"] = node.error
     if node.inputs_from:
         out["inputs_from"] = list(node.inputs_from)
+    if node.source is not None:
+        source = node.source
+        out["source"] = {"file": source.file, "line": source.line, "function": source.function, "text": source.text}
     out["children"] = [_node_out(child) for child in node.children]
     return out
 
 
+def _typed(value: Any, kind: type, what: str) -> Any:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TraceFormatError(f"unreadable {what} in trace file: {str(value)[:80]!r} is not a {kind.__name__}")
+    return value
+
+
 def _node_in(raw: Mapping[str, Any]) -> CallNode:
+    kind = raw.get("kind", "module")
+    if kind not in ("module", "op"):
+        raise TraceFormatError(f"unreadable call kind in trace file: {str(kind)[:80]!r}")
     return CallNode(
-        path=raw["path"],
-        index=raw.get("index", 0),
-        type_name=raw.get("type", ""),
-        kind=raw.get("kind", "module"),
-        leaf=raw.get("leaf", True),
-        strategy=raw.get("strategy", "eager"),
+        path=_typed(raw["path"], str, "call path"),
+        index=_typed(raw.get("index", 0), int, "call index"),
+        type_name=_typed(raw.get("type", ""), str, "call type"),
+        kind=kind,
+        leaf=_typed(raw.get("leaf", True), bool, "leaf flag"),
+        strategy=_typed(raw.get("strategy", "eager"), str, "strategy"),
         args=tuple(_value_in(arg) for arg in raw.get("args", ())),
         kwargs={key: _value_in(value) for key, value in raw.get("kwargs", {}).items()},
         outputs=None if raw.get("outputs") is None else _value_in(raw["outputs"]),
         children=tuple(_node_in(child) for child in raw.get("children", ())),
         error=raw.get("error"),
         inputs_from=tuple(raw.get("inputs_from", ())),
+        source=_source_in(raw.get("source")),
     )
+
+
+def _source_in(raw: Any) -> SourceLine | None:
+    if raw is None:
+        return None
+    try:
+        return SourceLine(str(raw["file"]), int(raw["line"]), str(raw["function"]), str(raw["text"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TraceFormatError(f"unreadable op source in trace file: {str(raw)[:80]}") from exc
 
 
 def _step_info_out(info: StepInfo) -> dict[str, Any]:

@@ -7,9 +7,9 @@ hooks untouched -- and runs the module's own forward. Beside it, the module's gr
 (traced on first sight, cached per module key and signature in the model's
 :class:`~graphtrace.engine.fx.plans.PlanStore`, across captures and identical instances) is replayed in lockstep
 (:class:`~graphtrace.engine.fx.replay.Replay`) the first time the plan is used in a capture; later calls of a plan
-verified in this capture are checked structurally (:class:`~graphtrace.engine.fx.structural.StructuralReplay`)
-unless ops are recorded. When the replay matches the real call bit for bit, the call is
-recorded as served by fx (``strategy="fx"``) with the graph's data flow and, with ``ops``, its op records. When the
+verified in this capture are checked structurally (:class:`~graphtrace.engine.fx.structural.StructuralReplay`).
+When the replay matches the real call bit for bit, the call is recorded as served by fx (``strategy="fx"``) with
+the graph's data flow (op records come from the op tier, engine/ops.py, for every engine alike). When the
 module cannot be traced, or its graph deviates once, that module and signature keep eager capture, and the reason
 goes into the trace's fallbacks.
 
@@ -44,14 +44,10 @@ class FxEngine:
     def __init__(
         self,
         recorder: Recorder,
-        ops: bool,
-        module_paths: frozenset[str],
         store: PlanStore,
         keys: dict[int, Hashable | None],
     ) -> None:
         self.recorder = recorder
-        self.ops = ops
-        self.module_paths = module_paths
         self.fallbacks: dict[str, str] = {}
         self._store = store
         self._keys = keys
@@ -61,7 +57,6 @@ class FxEngine:
         self._forwards: dict[int, Callable[..., Any]] = {}
         self._replays: list[Replay | StructuralReplay | None] = []
         self._tracing = 0
-        self._op_prefixes: dict[str, str] = {}
         self._context = TraceContext(self._store.fake_mode, self.plan_for)
 
     def wrap(
@@ -88,7 +83,11 @@ class FxEngine:
                 return call(*args, **kwargs)
             if caller is not None:
                 caller.child_begun(frame)
-            replay, key = self._start_replay(module, path, args, kwargs, frame)
+            try:
+                replay, key = self._start_replay(module, path, args, kwargs, frame)
+            except BaseException as exc:  # an interrupt while tracing: the call is marked, the trace kept
+                fail(frame, exc)
+                raise
             replays.append(replay)
             try:
                 output = call(*args, **kwargs)
@@ -107,6 +106,10 @@ class FxEngine:
             return output
 
         return functools.wraps(forward)(recording_forward)
+
+    def tracing(self) -> bool:
+        """Whether a module is being traced now: the forward code that runs is torch.fx's, not the model's call."""
+        return self._tracing > 0
 
     def plan_for(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Plan | str:
         """The plan of ``module`` for a call with these arguments (traced on first sight), or why there is none."""
@@ -155,21 +158,9 @@ class FxEngine:
             self.fallbacks.setdefault(path, plan)
             return None, call.key
         inputs = [leaf for leaf, kind in zip(call.leaves, call.kinds) if kind != CONSTANT]
-        if not self.ops and (id(plan) in self._verified or (frame.leaf and id(plan) in self._store.proven_leaves)):
+        if id(plan) in self._verified or (frame.leaf and id(plan) in self._store.proven_leaves):
             return StructuralReplay(module, plan, inputs, self.recorder, frame), call.key
-        ops_path = self._ops_path(path) if self.ops else None
-        return Replay(module, plan, inputs, self.recorder, frame, ops_path), call.key
-
-    def _ops_path(self, path: str) -> str:
-        """The prefix of the paths of ``path``'s op records, ``{path}#``; a longer run of ``#`` in the (unlikely)
-        case that a module's own name would make an op path equal to a module path."""
-        prefix = self._op_prefixes.get(path)
-        if prefix is None:
-            prefix = f"{path}#"
-            while any(other.startswith(prefix) for other in self.module_paths):
-                prefix += "#"
-            self._op_prefixes[path] = prefix
-        return prefix
+        return Replay(module, plan, inputs, self.recorder, frame), call.key
 
     def _settle(
         self, replay: Replay | StructuralReplay, module: nn.Module, key: Hashable, path: str, output: Any
@@ -190,18 +181,16 @@ class FxEngine:
         self.fallbacks.setdefault(path, replay.failure)
 
 
-def attach_fx(
-    model: nn.Module, recorder: Recorder, ledger: PatchLedger, *, ops: bool, root_no_grad: bool
-) -> dict[str, str]:
-    """Install the fx engine's forwards on ``model`` and every submodule; returns the fallbacks, filled as the
-    model runs."""
+def attach_fx(model: nn.Module, recorder: Recorder, ledger: PatchLedger, *, root_no_grad: bool) -> FxEngine:
+    """Install the fx engine's forwards on ``model`` and every submodule; returns the engine (its ``fallbacks``
+    fill as the model runs)."""
     paths = list(module_paths(model))
     keys = module_keys(model)  # before any forward is patched
     store = store_for(model)
     store.keep_only({key for key in keys.values() if key is not None})
-    engine = FxEngine(recorder, ops, frozenset(path for path, _ in paths), store, keys)
+    engine = FxEngine(recorder, store, keys)
     for path, module in paths:
         is_root = module is model
         wrapper = engine.wrap(module, path, module.forward, root=is_root, no_grad=root_no_grad if is_root else True)
         ledger.set_instance_attr(module, "forward", wrapper)
-    return engine.fallbacks
+    return engine

@@ -9,16 +9,13 @@ real output (the child runs once, for real), and at the end checks the forward's
 that deviates anywhere, raises, or is refused by the :class:`~graphtrace.engine.fx.guard.ReplayGuard` fails, and
 the call counts as eager capture, with the reason.
 
-A verified replay contributes the data flow of the module's body (which child calls and, with ``ops``, which
-functional ops feed each child call, through any reshapes and arithmetic in between), and with ``ops`` the records
-of its own ``call_function``/``call_method`` nodes, made as they run, with the values they see. Records of a replay
-that fails later are withdrawn.
+A verified replay contributes the data flow of the module's body: which child calls feed each child call, through
+any reshapes and arithmetic in between. (Op records come from the op tier, engine/ops.py, during the real call.)
 """
 
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections.abc import Generator, Iterable, Mapping
 from typing import Any
 
@@ -29,8 +26,6 @@ from graphtrace.engine.fx.guard import Refused, ReplayGuard, difference, tensors
 from graphtrace.engine.fx.structure import flatten, unflatten
 from graphtrace.engine.fx.tracer import (
     META,
-    METADATA_FUNCTIONS,
-    METADATA_METHODS,
     STRUCTURAL_OPS,
     UNKNOWN,
     Opaque,
@@ -41,15 +36,6 @@ from graphtrace.engine.recorder import Frame, Recorder
 from graphtrace.errors import describe_error
 
 __all__ = ["Replay", "nonconforming", "add_flows"]
-
-_NOT_RECORDED_METHODS = METADATA_METHODS | {"storage_offset", "data_ptr", "item", "tolist", "type"}
-_TENSOR_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "real", "imag", "data"})
-
-
-def _op_name(node: fx.Node) -> str:
-    if node.op == "call_method":
-        return str(node.target)
-    return getattr(node.target, "__name__", str(node.target))
 
 
 def _unique(ids: Iterable[str]) -> tuple[str, ...]:
@@ -81,8 +67,7 @@ class _Return:
 class Replay(fx.Interpreter):
     """One call of a module, replayed from its :class:`Plan` in lockstep with the real call (see module docs).
 
-    ``ops_path`` is the prefix of the op records' paths (``{module path}#``, recorded as ``{prefix}{node name}``)
-    when the module's own operations are to be recorded, else None. The driver calls :meth:`child_call`,
+    The driver calls :meth:`child_call`,
     :meth:`child_begun` and :meth:`child_returned` around each child call of the real forward, then :meth:`finish`
     with its output; :attr:`failure` says why verification failed.
     """
@@ -94,22 +79,18 @@ class Replay(fx.Interpreter):
         inputs: list[Any],
         recorder: Recorder,
         frame: Frame,
-        ops_path: str | None,
     ) -> None:
         super().__init__(module, garbage_collect_values=False, graph=plan.graph)
         self.name = "graphtrace.Replay"
         self.plan = plan
         self.recorder = recorder
         self.frame = frame
-        # a leaf module whose whole body is one op (Linear, LayerNorm, ...) is that op: no record of it twice
-        self.ops_path = ops_path if ops_path is not None and (plan.own_ops > 1 or not frame.leaf) else None
         self.failure: str | None = None
         self.guard = ReplayGuard()
         self._sources: dict[fx.Node, tuple[str, ...]] = {}
         self._child_flows: list[tuple[int, tuple[str, ...]]] = []
         self._expected: _Call | None = None
         self._pending: Any = None
-        self._recorded_ops = False
         self._steps = self._run(inputs)
 
     # -- the driver's side ------------------------------------------------------------------------------------------
@@ -136,7 +117,7 @@ class Replay(fx.Interpreter):
         return self.failure is None and bool(self._safely(self._finish, output))
 
     def abandon(self) -> None:
-        """The real call raised: nothing is verified, records of its operations are withdrawn."""
+        """The real call raised: nothing is verified."""
         if self.failure is None:
             self._fail("the call raised")
 
@@ -188,8 +169,6 @@ class Replay(fx.Interpreter):
             self.failure = reason
         self._steps.close()
         self.env.clear()
-        if self._recorded_ops:
-            self.recorder.discard_ops(self.frame)
 
     def _advance(self) -> _Call | _Return | None:
         pending, self._pending = self._pending, None
@@ -251,26 +230,9 @@ class Replay(fx.Interpreter):
         reason = impurity(node.op, node.target, args[0] if args else None)
         if reason is not None:
             raise Refused(reason)
-        if self.ops_path is None or not _computes_tensor(node, args):
-            with self.guard:
-                value = getattr(self, node.op)(node.target, args, kwargs)
-            self._sources[node] = _unique(s for used in node.all_input_nodes for s in self._sources.get(used, ()))
-            return value
-        recorder = self.recorder
-        frame = recorder.begin(
-            f"{self.ops_path}{node.name}", _op_name(node), True, args, kwargs, strategy="fx", kind="op"
-        )
-        assert frame is not None
-        self._recorded_ops = True
-        frame.inputs_from = list(_unique(s for used in node.all_input_nodes for s in self._sources.get(used, ())))
-        try:
-            with self.guard:
-                value = getattr(self, node.op)(node.target, args, kwargs)
-        except BaseException as exc:
-            recorder.fail(frame, exc)
-            raise
-        recorder.end(frame, value)
-        self._sources[node] = (frame.id,)
+        with self.guard:
+            value = getattr(self, node.op)(node.target, args, kwargs)
+        self._sources[node] = _unique(s for used in node.all_input_nodes for s in self._sources.get(used, ()))
         return value
 
 
@@ -296,18 +258,6 @@ def _reads_from(node: fx.Node, external: set[fx.Node]) -> bool:
         and isinstance(node.args[0], fx.Node)
         and (node.args[0] in external)
     )
-
-
-def _computes_tensor(node: fx.Node, args: tuple[Any, ...]) -> bool:
-    """Whether an op is worth a record: it computes a tensor, not a size, a flag or a piece of a tuple."""
-    target = node.target
-    if target in STRUCTURAL_OPS:
-        if not isinstance(args[0], torch.Tensor):
-            return False
-        return target is operator.getitem or args[1] in _TENSOR_ATTRIBUTES
-    if node.op == "call_method":
-        return target not in _NOT_RECORDED_METHODS
-    return target not in METADATA_FUNCTIONS
 
 
 def nonconforming(expected: Any, actual: Any) -> str | None:
