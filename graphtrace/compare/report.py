@@ -101,8 +101,11 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
                 before=here,
             )
         own = any(id(child) in module_calls for child in node.children)
-        where = "its own code, after the calls inside it agreed" if own else "its output"
-        return Divergence(here, own, f"{_short_name(here)}: its inputs agree, {where} does not ({here.reason})")
+        if own:
+            why = "its inputs and every call inside it agree, its output does not: the departure is in its own code"
+        else:
+            why = "its inputs agree, its output does not"
+        return Divergence(here, own, f"{_short_name(here)}: {why} ({here.reason})")
 
     for root in steps:
         found = visit(root, None)

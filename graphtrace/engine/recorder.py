@@ -20,7 +20,7 @@ import torch
 
 from graphtrace.engine.caches import StepCache, find_cache
 from graphtrace.engine.layer_pruning import LayerBlockDeferral
-from graphtrace.engine.stats import NO_STATS, TensorSummary, summarize
+from graphtrace.engine.stats import NO_STATS, TensorSummary, row_sketch, summarize
 from graphtrace.errors import describe_error
 from graphtrace.model import CallKind, CallNode, DTensorInfo, SourceLine, StepInfo, TensorRecord, Value
 from graphtrace.reprs import sanitize_repr, spec_printoptions
@@ -153,8 +153,10 @@ class Recorder:
         keep_steps: bool = True,
         prune_layers: bool = False,
         select: Callable[[str], bool] | None = None,
+        sketches: bool = False,
     ) -> None:
         self.sink = sink
+        self.sketches = sketches  # value fingerprints, for traces that keep no full values
         self.select = select
         self.calls = 0
         # With pruning ahead, blocks that it will drop get no values (see layer_pruning); sinks opt in.
@@ -381,6 +383,9 @@ class Recorder:
         dtensor: DTensorInfo | None,
     ) -> TensorRecord:
         seen = self._remember(tensor)
+        if produced and self.sketches and seen.record.sketch is None and seen.record.stats is not None:
+            # a fingerprint of what calls return (what a diff compares), not of every argument
+            seen.record = seen.record.with_sketch(row_sketch(tensor))
         if frame.kind == "op" and frame.source is None:
             pass  # an fx op record: its data flow comes from the graph
         elif produced:
