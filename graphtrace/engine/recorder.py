@@ -367,10 +367,12 @@ class Recorder:
         with spec_printoptions(self._linewidth):  # an object's repr may print tensors
             return sanitize_repr(repr(value))
 
-    def _convert_sequence(self, values: Any, name: str, frame: Frame, store: bool, produced: bool) -> Value:
+    def _convert_sequence(self, values: Any, name: str, frame: Frame, store: bool, produced: bool) -> tuple[Value, ...]:
         return tuple(self._convert(v, f"{name}_{i}", frame, store, produced) for i, v in enumerate(values))
 
-    def _convert_mapping(self, values: Any, name: str, frame: Frame, store: bool, produced: bool) -> Value:
+    def _convert_mapping(
+        self, values: Any, name: str, frame: Frame, store: bool, produced: bool
+    ) -> Mapping[str, Value]:
         return {k: self._convert(v, f"{name}_{k}", frame, store, produced) for k, v in values.items()}
 
     def _tensor(
@@ -406,9 +408,10 @@ class Recorder:
             if seen.stored is None:
                 seen.stored = record
         else:
-            record = seen.stored
-            if record is None:
-                record = seen.stored = seen.record.with_value(*sink.store(tensor, name))
+            stored = seen.stored
+            if stored is None:
+                stored = seen.stored = seen.record.with_value(*sink.store(tensor, name))
+            record = stored
         if dtensor is not None:
             record = dataclasses.replace(record, dtensor=dtensor)
         return record

@@ -102,8 +102,8 @@ def _reductions(tensor: torch.Tensor, precision: int) -> list[float]:
             if std is not None:
                 return [mean, std, low, high]
         return [mean, data.std().item(), low, high]
-    std = data.std() if data.numel() > 1 else data.new_full((), math.nan)
-    return torch.stack((data.mean(), std, low, high)).tolist()
+    spread = data.std() if data.numel() > 1 else data.new_full((), math.nan)
+    return list(torch.stack((data.mean(), spread, low, high)).tolist())
 
 
 def summarize(tensor: torch.Tensor) -> TensorSummary:
