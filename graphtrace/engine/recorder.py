@@ -176,11 +176,6 @@ class Recorder:
         self._seen: dict[int, _Seen] = {}
         self._aliases: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
 
-    @property
-    def active(self) -> bool:
-        """True while a top-level call is in progress."""
-        return bool(self._stack)
-
     # -- events -----------------------------------------------------------------------------------------------------
 
     def begin(
