@@ -212,3 +212,20 @@ class _no_frame_warning:
     def __exit__(self, *exc: object) -> None:
         self._catcher.__exit__(*exc)
         assert not [w for w in self._seen if "sys._getframe" in str(w.message)]
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_generate_records_the_ops_of_every_step(cache: str) -> None:
+    from tests.zoo import llama
+
+    model, inputs = llama()
+    options = {"max_new_tokens": 3, "do_sample": False, "cache_implementation": cache}
+    with torch.no_grad():
+        expected = model.generate(**inputs, **options)
+    with graphtrace.tracing(model, ops=True) as session:
+        output = model.generate(**inputs, **options)
+    assert torch.equal(output, expected)
+    assert session.trace is not None and len(session.trace.steps) == 3
+    for step in session.trace.steps:  # prefill and both decode steps: ops inside every attention
+        attention = [node for node in step.walk() if node.path.endswith("self_attn")]
+        assert attention and all(any(child.kind == "op" for child in node.children) for node in attention)
