@@ -108,24 +108,15 @@ class TensorRecord:
         return self.with_value(None, None)
 
     def with_sketch(self, sketch: tuple[float, ...] | None) -> TensorRecord:
-        """The same record with the value fingerprint ``sketch`` (built directly, as :meth:`with_value`)."""
-        return TensorRecord(
-            self.shape,
-            self.dtype,
-            self.device,
-            self.stats,
-            self.spec_stats,
-            self.nan_count,
-            self.inf_count,
-            self.value,
-            self.file,
-            self.dtensor,
-            sketch,
-        )
+        """The same record with the value fingerprint ``sketch``."""
+        return self._copy(self.value, self.file, sketch)
 
     def with_value(self, value: tuple[str, ...] | None, file: str | None) -> TensorRecord:
-        """A new record (a distinct object) with this metadata and the given full value. Capture makes one per
-        tensor met, so it is built directly: ``dataclasses.replace`` costs several times as much."""
+        """A new record (a distinct object) with this metadata and the given full value."""
+        return self._copy(value, file, self.sketch)
+
+    def _copy(self, value: tuple[str, ...] | None, file: str | None, sketch: tuple[float, ...] | None) -> TensorRecord:
+        # capture makes one per tensor met: built directly, as dataclasses.replace costs several times as much
         return TensorRecord(
             self.shape,
             self.dtype,
@@ -137,7 +128,7 @@ class TensorRecord:
             value,
             file,
             self.dtensor,
-            self.sketch,
+            sketch,
         )
 
 
