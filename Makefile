@@ -11,10 +11,11 @@ demo: install
 test: install chromium lint
 	$(PYTHON) -m pytest
 
-# Static checks, part of the test command: ruff's lint rules (pyproject.toml) and its formatting.
+# Static checks, part of the test command: ruff's lint rules and formatting, mypy --strict on graphtrace/ (pyproject.toml).
 lint: install
 	$(PYTHON) -m ruff check graphtrace tests benchmarks examples
 	$(PYTHON) -m ruff format --check graphtrace tests benchmarks examples
+	$(PYTHON) -m mypy
 
 install: graphviz
 	$(PIP_INSTALL) -c constraints/ci.txt -e '.[test]'

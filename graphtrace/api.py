@@ -151,6 +151,7 @@ class Session:
             step_caches=True,
             prune_layers=prune_layers,
             select=_selector(modules) if modules else None,
+            sketches=values in ("repr", "none"),  # no files to compare values by: a fingerprint of each tensor
         )
         self._ledger = PatchLedger()
         self._fallbacks: dict[str, str] = {}

@@ -24,10 +24,6 @@ class Coverage:
     eager: Mapping[str, int] = field(default_factory=dict)
 
     @property
-    def eager_calls(self) -> int:
-        return sum(self.eager.values())
-
-    @property
     def fraction(self) -> float:
         """The share of module calls fx served (0 for a trace without calls)."""
         return self.fx / self.module_calls if self.module_calls else 0.0

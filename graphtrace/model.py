@@ -74,7 +74,10 @@ class TensorRecord:
 
     ``spec_stats`` holds the reference's exact strings for mean, std, min and max (for float16, float32 and bfloat16
     only, as transformers writes them); ``stats`` holds the same numbers for computation, for every floating dtype.
-    ``value`` holds the repr lines of the tensor, ``file`` the relative path of its safetensors file.
+    ``value`` holds the repr lines of the tensor, ``file`` the relative path of its safetensors file. ``sketch`` is a
+    compact fingerprint of the values for traces that keep none: the tensor's rows (all but the last dimension) cut
+    into up to 16 equal groups in order, and each group's sum, then each group's sum of squares. It is the same under
+    size-1 dimensions and under any re-ordering of the last dimension, so a diff can compare it across such layouts.
     """
 
     shape: tuple[int, ...]
@@ -87,6 +90,7 @@ class TensorRecord:
     value: tuple[str, ...] | None = None
     file: str | None = None
     dtensor: DTensorInfo | None = None
+    sketch: tuple[float, ...] | None = None
 
     @property
     def numel(self) -> int:
@@ -103,9 +107,16 @@ class TensorRecord:
             return self
         return self.with_value(None, None)
 
+    def with_sketch(self, sketch: tuple[float, ...] | None) -> TensorRecord:
+        """The same record with the value fingerprint ``sketch``."""
+        return self._copy(self.value, self.file, sketch)
+
     def with_value(self, value: tuple[str, ...] | None, file: str | None) -> TensorRecord:
-        """A new record (a distinct object) with this metadata and the given full value. Capture makes one per
-        tensor met, so it is built directly: ``dataclasses.replace`` costs several times as much."""
+        """A new record (a distinct object) with this metadata and the given full value."""
+        return self._copy(value, file, self.sketch)
+
+    def _copy(self, value: tuple[str, ...] | None, file: str | None, sketch: tuple[float, ...] | None) -> TensorRecord:
+        # capture makes one per tensor met: built directly, as dataclasses.replace costs several times as much
         return TensorRecord(
             self.shape,
             self.dtype,
@@ -117,6 +128,7 @@ class TensorRecord:
             value,
             file,
             self.dtensor,
+            sketch,
         )
 
 

@@ -177,3 +177,86 @@ def hf_gpt2(layers: int = 3, seed: int = 0):
             if ".ln_" in name or name.startswith("transformer.ln_f"):
                 p.copy_(p + 0.3 * torch.randn_like(p))
     return model
+
+
+# -- a second style: separate q, k, v projections (GPT-2 fuses them in c_attn), scaled_dot_product_attention, a
+# hand-written LayerNorm, the MLP inline in the block, a position table as a parameter -------------------------------
+
+
+class HandNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.g, self.b, self.eps = nn.Parameter(torch.ones(dim)), nn.Parameter(torch.zeros(dim)), eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mu = x.mean(-1, keepdim=True)
+        var = ((x - mu) ** 2).mean(-1, keepdim=True)
+        return (x - mu) / torch.sqrt(var + self.eps) * self.g + self.b
+
+
+class SplitAttention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+
+        y = F.scaled_dot_product_attention(heads(self.q(x)), heads(self.k(x)), heads(self.v(x)), is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(B, T, C))
+
+
+class SplitBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, eps: float) -> None:
+        super().__init__()
+        self.n1, self.a, self.n2 = HandNorm(dim, eps), SplitAttention(dim, heads), HandNorm(dim, eps)
+        self.fc, self.pr = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.a(self.n1(x))
+        return x + self.pr(F.gelu(self.fc(self.n2(x)), approximate="tanh"))
+
+
+class SplitGPT(nn.Module):
+    def __init__(self, vocab: int, context: int, dim: int, heads: int, layers: int, eps: float) -> None:
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(vocab, dim), nn.Parameter(torch.zeros(context, dim))
+        self.blocks = nn.ModuleList(SplitBlock(dim, heads, eps) for _ in range(layers))
+        self.nf, self.head = HandNorm(dim, eps), nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids) + self.pos[: ids.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.nf(x))
+
+
+def split_port_of(hf) -> SplitGPT:  # type: ignore[no-untyped-def]
+    """A ``SplitGPT`` with the weights of a transformers ``GPT2LMHeadModel``: c_attn cut into q, k and v."""
+    c, t = hf.config, hf.transformer
+    port, d = SplitGPT(c.vocab_size, c.n_positions, c.n_embd, c.n_head, c.n_layer, c.layer_norm_epsilon), c.n_embd
+    with torch.no_grad():
+        port.emb.weight.copy_(t.wte.weight)
+        port.pos.copy_(t.wpe.weight)
+        port.head.weight.copy_(hf.lm_head.weight)
+        for norm, theirs in ((port.nf, t.ln_f),):
+            norm.g.copy_(theirs.weight), norm.b.copy_(theirs.bias)
+        for mine, theirs in zip(port.blocks, t.h):
+            for norm, ln in ((mine.n1, theirs.ln_1), (mine.n2, theirs.ln_2)):
+                norm.g.copy_(ln.weight), norm.b.copy_(ln.bias)
+            weight, bias = theirs.attn.c_attn.weight, theirs.attn.c_attn.bias
+            for i, linear in enumerate((mine.a.q, mine.a.k, mine.a.v)):
+                linear.weight.copy_(weight[:, i * d : (i + 1) * d].t())
+                linear.bias.copy_(bias[i * d : (i + 1) * d])
+            for linear, conv in (
+                (mine.a.o, theirs.attn.c_proj),
+                (mine.fc, theirs.mlp.c_fc),
+                (mine.pr, theirs.mlp.c_proj),
+            ):
+                linear.weight.copy_(conv.weight.t())
+                linear.bias.copy_(conv.bias)
+    return port.eval()

@@ -54,7 +54,10 @@ def test_modules_records_one_layer_and_keeps_its_ancestors(model_inputs, tmp_pat
     assert paths[2:] == [node.path for node in inside]
     assert any(node.kind == "op" for node in inside)
     for mine, theirs in zip(list(part.walk())[2:], inside, strict=True):
-        assert mine.id == theirs.id and mine.outputs == theirs.outputs and mine.args == theirs.args
+        assert mine.id == theirs.id
+        # a tensor has a value fingerprint once a recorded call returned it: layer 0 did so in the full capture
+        assert _unsketched(mine.outputs) == _unsketched(theirs.outputs)
+        assert _unsketched(mine.args) == _unsketched(theirs.args)
     assert not any(path.endswith(("embed_tokens", "lm_head", "layers.0", "layers.2")) for path in paths)
     # the saved trace reads back and shows, and its page renders
     assert [node.path for node in graphtrace.load(str(tmp_path / "part")).walk()] == paths
@@ -128,3 +131,17 @@ def test_capture_command_takes_modules(tmp_path: Path) -> None:
     assert all(path.startswith("model.layers.2") or path == "lm_head" for path in recorded)
     wrong = run_cli("capture", "tests.zoo:llama", "-o", "out2", "--modules", "model.layer.2", cwd=tmp_path)
     assert wrong.returncode == 2 and "matches no module" in wrong.stderr and "Traceback" not in wrong.stderr
+
+
+def _unsketched(value: object) -> object:
+    import dataclasses
+
+    from graphtrace.model import TensorRecord
+
+    if isinstance(value, TensorRecord):
+        return dataclasses.replace(value, sketch=None)
+    if isinstance(value, tuple):
+        return tuple(_unsketched(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _unsketched(item) for key, item in value.items()}
+    return value

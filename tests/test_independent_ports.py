@@ -163,3 +163,18 @@ def test_the_op_and_its_source_line_are_named_inside_the_module(
     assert line in locus.op.source.text and locus.op.source.file.endswith(f"independent_{arch}.py")
     assert "has no counterpart in the original" in result.table()
     assert result.to_json()["first_divergence"]["op_locus"].startswith(f"port independent_{arch}.py:")
+
+
+@pytest.mark.parametrize("values", ["safetensors", "repr"])
+def test_separate_projections_pair_with_gpt2s_fused_c_attn(
+    originals: dict[str, torch.nn.Module], token_ids: torch.Tensor, tmp_path: Path, values: str
+) -> None:
+    port = independent_gpt2.split_port_of(originals["gpt2"])
+    with torch.no_grad():
+        reference = originals["gpt2"](token_ids, use_cache=False).logits
+        assert torch.allclose(port(token_ids), reference, atol=1e-5)
+    graphtrace.capture(originals["gpt2"], {"input_ids": token_ids}, path=tmp_path / "a", values=values)
+    graphtrace.capture(port, (token_ids,), path=tmp_path / "b", values=values)
+    result = graphtrace.compare(tmp_path / "a", tmp_path / "b")
+    assert result.equal, result.divergence
+    assert result.matched_by()["fused"] == 9  # c_attn of three blocks against q, k and v

@@ -173,3 +173,59 @@ def test_ops_inside_cache_updating_attention() -> None:
     assert {"matmul", "softmax", "cat"} <= {op.name for op in ops}  # ...the op tier records inside it
     cache = [op for op in ops if op.source is not None and op.source.function == "update"]
     assert cache and cache[0].source is not None and cache[0].source.file.endswith("cache_utils.py")
+
+
+def test_a_compiled_submodule_keeps_its_values_and_compiles_without_the_op_tier_in_the_way() -> None:
+    class Inner(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x * 3).relu() + 1
+
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.compiled = torch.compile(Inner(), backend="eager")
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.compiled(self.a(x) * 2)
+
+    model = Outer().eval()
+    with torch.no_grad():
+        expected = model(torch.ones(2, 4))
+    with _no_frame_warning():
+        trace, output = graphtrace.capture(model, torch.ones(2, 4), ops=True, strategy="eager", return_output=True)
+    assert torch.equal(output, expected)
+    ops = [node.id for node in trace.walk() if node.kind == "op"]
+    assert ops[0] == "Outer#mul@0"  # the ops outside; inside, only what dynamo leaves to run as Python
+
+
+class _no_frame_warning:
+    """The op tier must not make dynamo stumble over its frame walk (``sys._getframe``) inside compiled code."""
+
+    def __enter__(self) -> None:
+        import warnings
+
+        self._catcher = warnings.catch_warnings(record=True)
+        self._seen = self._catcher.__enter__()
+        warnings.simplefilter("always")
+
+    def __exit__(self, *exc: object) -> None:
+        self._catcher.__exit__(*exc)
+        assert not [w for w in self._seen if "sys._getframe" in str(w.message)]
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_generate_records_the_ops_of_every_step(cache: str) -> None:
+    from tests.zoo import llama
+
+    model, inputs = llama()
+    options = {"max_new_tokens": 3, "do_sample": False, "cache_implementation": cache}
+    with torch.no_grad():
+        expected = model.generate(**inputs, **options)
+    with graphtrace.tracing(model, ops=True) as session:
+        output = model.generate(**inputs, **options)
+    assert torch.equal(output, expected)
+    assert session.trace is not None and len(session.trace.steps) == 3
+    for step in session.trace.steps:  # prefill and both decode steps: ops inside every attention
+        attention = [node for node in step.walk() if node.path.endswith("self_attn")]
+        assert attention and all(any(child.kind == "op" for child in node.children) for node in attention)

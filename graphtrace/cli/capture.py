@@ -22,7 +22,7 @@ from graphtrace.errors import InvalidOptionError
 from graphtrace.model import Trace
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "capture",
         help="trace a model built by your factory function",

@@ -11,7 +11,7 @@ from graphtrace.cli.common import add_capture_options, capture_with_options, des
 DEFAULT_DIRECTORY = "graphtrace-demo"
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="trace the built-in demo transformer (no download) into ./graphtrace-demo/",

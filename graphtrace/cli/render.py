@@ -8,7 +8,7 @@ from pathlib import Path
 from graphtrace.render import DEFAULT_MAX_BOXES, FORMATS, GRAPH_SUFFIX, boxes, call_graph, write_graph
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "render",
         help="draw the call graph of a saved trace (SVG, PNG, PDF or DOT)",

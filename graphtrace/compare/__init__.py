@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import get_args
 
 from graphtrace.compare.align import AlignMode, align_calls, returned_order
-from graphtrace.compare.fused import find_fused
 from graphtrace.compare.measure import TensorDiff, Tolerance
 from graphtrace.compare.nonfinite import first_nonfinite
 from graphtrace.compare.ops import OpLocus, locate_op
@@ -142,15 +141,13 @@ def compare(
         order = {id(node): k for k, node in enumerate(returned_order(root_a))}
         matches = sorted(alignment.matches, key=lambda match: order[id(match.a)])
         step_calls = [diff_call(step_a, match, tolerance, stored) for match in matches]
-        fused = find_fused(root_a, root_b, alignment.matches, alignment.only_a, alignment.only_b)
-        for found in fused:
+        for found in alignment.fused:
             step_calls += diff_fused(step_a, found, tolerance, stored)
-        paired = {id(node) for found in fused for node in (found.fused, *found.parts)}
-        if fused:
+        if alignment.fused:
             step_calls.sort(key=lambda call: order[id(call.a)])
         calls += step_calls
-        only_a += [Unmatched(step_a, node) for node in alignment.only_a if id(node) not in paired]
-        only_b += [Unmatched(step_b, node) for node in alignment.only_b if id(node) not in paired]
+        only_a += [Unmatched(step_a, node) for node in alignment.only_a]
+        only_b += [Unmatched(step_b, node) for node in alignment.only_b]
     tolerance_ = tolerance
 
     def op_locator(call: CallDiff) -> OpLocus | None:

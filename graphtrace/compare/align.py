@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from graphtrace.compare.fused import FusedMatch, find_fused
 from graphtrace.compare.measure import StatPoint, Tolerance
 from graphtrace.compare.rules import RenameRule, apply_rules
 from graphtrace.model import CallNode, TensorRecord
@@ -61,6 +62,7 @@ class Alignment:
     matches: tuple[Match, ...]
     only_a: tuple[CallNode, ...]
     only_b: tuple[CallNode, ...]
+    fused: tuple[FusedMatch, ...] = ()
 
 
 def relative_path(node: CallNode, root: CallNode) -> str:
@@ -149,6 +151,7 @@ class _Scorer:
             score += 1
         if x.n_inputs == y.n_inputs:
             score += 1
+
         if x.probe is not None and y.probe is not None:
             dtypes = (x.probe.dtype, y.probe.dtype)
             if dtypes not in self.tolerances:
@@ -291,13 +294,20 @@ def _structure_pass(
     b_calls: Sequence[CallNode],
     tolerance: Tolerance,
     containers_only: bool,
+    reserved: tuple[set[int], set[int]] = (set(), set()),
 ) -> None:
-    """Align the unmatched calls (or only the unmatched containers) in each gap between matched calls."""
+    """Align the unmatched calls (or only the unmatched containers) in each gap between matched calls; ``reserved``
+    calls (parts of fused projections) take no part."""
     anchors = sorted((i, j) for i, (j, _) in found.items())
     chain = _monotone_chain(anchors) + [(len(a_calls), len(b_calls))]
-    matched_b = {j for j, _ in found.values()}
+    matched_b = {j for j, _ in found.values()} | reserved[1]
+    skip_a = reserved[0]
     for (i0, j0), (i1, j1) in zip(chain, chain[1:]):
-        gap_a = [i for i in range(i0 + 1, i1) if i not in found and not (containers_only and a_calls[i].leaf)]
+        gap_a = [
+            i
+            for i in range(i0 + 1, i1)
+            if i not in found and i not in skip_a and not (containers_only and a_calls[i].leaf)
+        ]
         gap_b = [j for j in range(j0 + 1, j1) if j not in matched_b and not (containers_only and b_calls[j].leaf)]
         xs = [_Signature(a_calls[i]) for i in gap_a]
         ys = [_Signature(b_calls[j]) for j in gap_b]
@@ -327,11 +337,28 @@ def align_calls(
         found[0] = (0, "path")
     if mode != "path":
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=True)
-        _structure_pass(found, a_calls, b_calls, tolerance, containers_only=False)
+    # fused projections before the leaves are aligned by structure: a wqkv's parts would otherwise pair with
+    # whatever leaf has their shapes (GPT-2's c_proj with a port's k_proj)
+    taken_b = {j for j, _ in found.values()}
+    fused = find_fused(
+        a_root,
+        b_root,
+        [(a_calls[i], b_calls[j]) for i, (j, _) in found.items()],
+        [node for i, node in enumerate(a_calls) if i not in found],
+        [node for j, node in enumerate(b_calls) if j not in taken_b],
+    )
+    in_fused = {id(node) for group in fused for node in (group.fused, *group.parts)}
+    reserved = (
+        {i for i, node in enumerate(a_calls) if id(node) in in_fused},
+        {j for j, node in enumerate(b_calls) if id(node) in in_fused},
+    )
+    if mode != "path":
+        _structure_pass(found, a_calls, b_calls, tolerance, containers_only=False, reserved=reserved)
     matches = tuple(Match(a_calls[i], b_calls[j], how) for i, (j, how) in sorted(found.items()))
     taken_b = {j for j, _ in found.values()}
     return Alignment(
         matches=matches,
-        only_a=tuple(node for i, node in enumerate(a_calls) if i not in found),
-        only_b=tuple(node for j, node in enumerate(b_calls) if j not in taken_b),
+        only_a=tuple(node for i, node in enumerate(a_calls) if i not in found and i not in reserved[0]),
+        only_b=tuple(node for j, node in enumerate(b_calls) if j not in taken_b and j not in reserved[1]),
+        fused=tuple(fused),
     )

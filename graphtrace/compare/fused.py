@@ -19,7 +19,6 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from graphtrace.compare.align import Match
 from graphtrace.compare.measure import squeezed
 from graphtrace.model import CallNode, Stats, TensorRecord
 
@@ -58,6 +57,11 @@ def _parents(root: CallNode) -> dict[int, CallNode]:
     return parents
 
 
+def _same_output(one: CallNode, other: CallNode) -> bool:
+    a, b = _single_output(one), _single_output(other)
+    return a is not None and b is not None and squeezed(a.shape) == squeezed(b.shape)
+
+
 def _runs(fused: CallNode, candidates: Sequence[CallNode]) -> Iterator[tuple[CallNode, ...]]:
     """Runs of consecutive candidates whose outputs, side by side, make up ``fused``'s output."""
     out, given = _single_output(fused), _first_input(fused)
@@ -90,13 +94,14 @@ def _runs(fused: CallNode, candidates: Sequence[CallNode]) -> Iterator[tuple[Cal
 def find_fused(
     root_a: CallNode,
     root_b: CallNode,
-    matches: Sequence[Match],
+    pairs: Sequence[tuple[CallNode, CallNode]],
     only_a: Sequence[CallNode],
     only_b: Sequence[CallNode],
 ) -> list[FusedMatch]:
-    """Fused calls among the unmatched ones, in either direction (see the module docstring)."""
-    counterpart_of_b = {id(match.b): match.a for match in matches}
-    counterpart_of_a = {id(match.a): match.b for match in matches}
+    """Fused calls among the unmatched ones, in either direction (see the module docstring); ``pairs`` are the
+    calls matched so far, (A, B)."""
+    counterpart_of_b = {id(b): a for a, b in pairs}
+    counterpart_of_a = {id(a): b for a, b in pairs}
     parents_a, parents_b = _parents(root_a), _parents(root_b)
     found: list[FusedMatch] = []
     used: set[int] = set()
@@ -116,6 +121,8 @@ def find_fused(
                 for node in others
                 if node.kind == "module" and id(node) not in used and parents_other.get(id(node)) is caller
             ]
+            if any(_same_output(fused, node) for node in candidates):
+                continue  # a call of the fused one's own shape is there: a one-to-one pair, left to alignment
             run = next(_runs(fused, candidates), None)
             if run is None:
                 continue

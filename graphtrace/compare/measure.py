@@ -253,6 +253,33 @@ def _mask_like(record: TensorRecord) -> bool:
     return lowest == -math.inf or lowest <= 0.5 * _LOWEST.get(record.dtype, -1.79e308)
 
 
+def _sketches_apart(a: TensorRecord, b: TensorRecord, rtol: float, atol: float) -> str | None:
+    """Why the value fingerprints of ``a`` and ``b`` (TensorRecord.sketch) disagree, or None when they agree or
+    cannot be compared (missing, or rows laid out otherwise). Each row group's mean and root mean square are
+    aggregates of the group's elements, with :func:`aggregate_tolerance`."""
+    sa, sb = a.sketch, b.sketch
+    if sa is None or sb is None or len(sa) != len(sb) or not a.shape or not b.shape or a.shape[-1] != b.shape[-1]:
+        return None
+    if a.numel != b.numel:
+        return None
+    groups = len(sa) // 2
+    size = a.numel / groups
+    epsilon = _epsilon(a.dtype, b.dtype)
+    for g in range(groups):
+        sums = (sa[g], sb[g])
+        squares = (sa[groups + g], sb[groups + g])
+        if not all(math.isfinite(x) for x in (*sums, *squares)):
+            continue
+        mean_a, mean_b = sums[0] / size, sums[1] / size
+        rms_a, rms_b = math.sqrt(max(squares[0], 0.0) / size), math.sqrt(max(squares[1], 0.0) / size)
+        allowed = aggregate_tolerance(int(size), rms_a, rtol, atol, epsilon)
+        for what, x, y in (("mean", mean_a, mean_b), ("root mean square", rms_a, rms_b)):
+            if abs(y - x) > allowed:
+                where = f"row group {g + 1} of {groups}"
+                return f"{what} of {where} {x:.8g} vs {y:.8g} (the value fingerprint; statistics of the whole agree)"
+    return None
+
+
 def _from_stats(a: TensorRecord, b: TensorRecord, base: dict[str, Any]) -> TensorDiff:
     assert a.stats is not None and b.stats is not None
     if _mask_like(a) and _mask_like(b):
@@ -263,7 +290,10 @@ def _from_stats(a: TensorRecord, b: TensorRecord, base: dict[str, Any]) -> Tenso
     assert point_a is not None and point_b is not None
     worst = point_a.first_outside(point_b, base["rtol"], base["atol"])
     if worst is None:
-        return TensorDiff(**base, basis="stats", status="equal", stat_deltas=deltas)
+        apart = _sketches_apart(a, b, base["rtol"], base["atol"])
+        if apart is None:
+            return TensorDiff(**base, basis="stats", status="equal", stat_deltas=deltas)
+        return TensorDiff(**base, basis="stats", status="diverged", stat_deltas=deltas, reason=apart)
     x, y = _stat_values(a.stats)[worst], _stat_values(b.stats)[worst]
     reason = f"{STAT_NAMES[worst]} {x:.8g} vs {y:.8g}"
     if worst < 2:

@@ -140,13 +140,13 @@ def _table(comparison: Comparison, paint: _Painter, show_all: bool) -> list[str]
         return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
 
     out = [paint(line(_HEADERS), "bold")]
-    for cells, call in rows:
-        if isinstance(cells, tuple):
-            mark, text = cells
+    for row, call in rows:
+        if isinstance(row, tuple):
+            mark, text = row
             out.append(paint(f"{mark.ljust(widths[0])}  {text}", "dim"))
             continue
-        text = line(cells)
-        style = {"✓": "ok", "✗": "bad", "!": "warn", "·": "dim"}[cells[0]]
+        text = line(row)
+        style = {"✓": "ok", "✗": "bad", "!": "warn", "·": "dim"}[row[0]]
         if call is not None and call is first:
             out.append(paint(text + "  ◀ first divergence", style, "bold"))
         else:

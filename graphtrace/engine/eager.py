@@ -36,7 +36,11 @@ class PatchLedger:
     def enter(self, context: AbstractContextManager[Any]) -> None:
         """Enter ``context`` (a torch function mode) now and exit it with the other patches, in reverse order."""
         context.__enter__()
-        self._patches.append(lambda: context.__exit__(None, None, None))
+
+        def undo() -> None:
+            context.__exit__(None, None, None)
+
+        self._patches.append(undo)
 
     def restore(self) -> None:
         """Undo every patch, newest first; safe to call twice."""

@@ -9,7 +9,7 @@ the values are those of the real forward: the mode only looks.
 
 Not recorded: views and metadata (``view``, ``reshape``, ``transpose``, ``size``... they move no value), calls
 made by torch's own code or by graphtrace (a module implemented in torch, such as ``nn.Linear``, is one op: its
-module record says it all), and ops inside a module that torch.fx serves with its own op records (``engine/fx``).
+module record says it all), and ops of code compiled with ``torch.compile`` (its graph runs as compiled).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.compiler import is_compiling
 from torch.overrides import TorchFunctionMode
 
 from graphtrace.engine.recorder import Recorder
@@ -109,6 +110,8 @@ class OpTier(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        if is_compiling():  # torch.compile traces this handler too: compiled code runs unrecorded, and unbroken
+            return func(*args, **(kwargs or {}))
         output = func(*args, **(kwargs or {}))
         recorder = self.recorder
         if recorder.current_module() is None:

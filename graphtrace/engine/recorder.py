@@ -20,7 +20,7 @@ import torch
 
 from graphtrace.engine.caches import StepCache, find_cache
 from graphtrace.engine.layer_pruning import LayerBlockDeferral
-from graphtrace.engine.stats import NO_STATS, TensorSummary, summarize
+from graphtrace.engine.stats import NO_STATS, TensorSummary, row_sketch, summarize
 from graphtrace.errors import describe_error
 from graphtrace.model import CallKind, CallNode, DTensorInfo, SourceLine, StepInfo, TensorRecord, Value
 from graphtrace.reprs import sanitize_repr, spec_printoptions
@@ -153,8 +153,10 @@ class Recorder:
         keep_steps: bool = True,
         prune_layers: bool = False,
         select: Callable[[str], bool] | None = None,
+        sketches: bool = False,
     ) -> None:
         self.sink = sink
+        self.sketches = sketches  # value fingerprints, for traces that keep no full values
         self.select = select
         self.calls = 0
         # With pruning ahead, blocks that it will drop get no values (see layer_pruning); sinks opt in.
@@ -173,11 +175,6 @@ class Recorder:
         self._counts: dict[str, int] = {}
         self._seen: dict[int, _Seen] = {}
         self._aliases: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
-
-    @property
-    def active(self) -> bool:
-        """True while a top-level call is in progress."""
-        return bool(self._stack)
 
     # -- events -----------------------------------------------------------------------------------------------------
 
@@ -365,10 +362,12 @@ class Recorder:
         with spec_printoptions(self._linewidth):  # an object's repr may print tensors
             return sanitize_repr(repr(value))
 
-    def _convert_sequence(self, values: Any, name: str, frame: Frame, store: bool, produced: bool) -> Value:
+    def _convert_sequence(self, values: Any, name: str, frame: Frame, store: bool, produced: bool) -> tuple[Value, ...]:
         return tuple(self._convert(v, f"{name}_{i}", frame, store, produced) for i, v in enumerate(values))
 
-    def _convert_mapping(self, values: Any, name: str, frame: Frame, store: bool, produced: bool) -> Value:
+    def _convert_mapping(
+        self, values: Any, name: str, frame: Frame, store: bool, produced: bool
+    ) -> Mapping[str, Value]:
         return {k: self._convert(v, f"{name}_{k}", frame, store, produced) for k, v in values.items()}
 
     def _tensor(
@@ -381,6 +380,9 @@ class Recorder:
         dtensor: DTensorInfo | None,
     ) -> TensorRecord:
         seen = self._remember(tensor)
+        if produced and self.sketches and seen.record.sketch is None and seen.record.stats is not None:
+            # a fingerprint of what calls return (what a diff compares), not of every argument
+            seen.record = seen.record.with_sketch(row_sketch(tensor))
         if frame.kind == "op" and frame.source is None:
             pass  # an fx op record: its data flow comes from the graph
         elif produced:
@@ -401,9 +403,10 @@ class Recorder:
             if seen.stored is None:
                 seen.stored = record
         else:
-            record = seen.stored
-            if record is None:
-                record = seen.stored = seen.record.with_value(*sink.store(tensor, name))
+            stored = seen.stored
+            if stored is None:
+                stored = seen.stored = seen.record.with_value(*sink.store(tensor, name))
+            record = stored
         if dtensor is not None:
             record = dataclasses.replace(record, dtensor=dtensor)
         return record

@@ -21,7 +21,10 @@ from graphtrace.engine import std_bound
 from graphtrace.model import Stats
 from graphtrace.reprs import sanitize_repr, spec_printoptions
 
-__all__ = ["NO_STATS", "SPEC_STAT_DTYPES", "TensorSummary", "format_scalar", "summarize"]
+__all__ = ["NO_STATS", "SKETCH_GROUPS", "SPEC_STAT_DTYPES", "TensorSummary", "format_scalar", "row_sketch", "summarize"]
+
+SKETCH_GROUPS = 16
+"""At most this many row groups in a value fingerprint (TensorRecord.sketch)."""
 
 SPEC_STAT_DTYPES = frozenset({torch.float16, torch.float32, torch.bfloat16})
 """The dtypes for which transformers writes mean/std/min/max."""
@@ -99,8 +102,8 @@ def _reductions(tensor: torch.Tensor, precision: int) -> list[float]:
             if std is not None:
                 return [mean, std, low, high]
         return [mean, data.std().item(), low, high]
-    std = data.std() if data.numel() > 1 else data.new_full((), math.nan)
-    return torch.stack((data.mean(), std, low, high)).tolist()
+    spread = data.std() if data.numel() > 1 else data.new_full((), math.nan)
+    return list(torch.stack((data.mean(), spread, low, high)).tolist())
 
 
 def summarize(tensor: torch.Tensor) -> TensorSummary:
@@ -128,3 +131,25 @@ def summarize(tensor: torch.Tensor) -> TensorSummary:
             format_scalar(high, dtype, precision),
         )
     return TensorSummary(stats, spec, *_nonfinite_counts(tensor, low, high))
+
+
+def _groups(rows: int) -> int:
+    return next(g for g in range(min(SKETCH_GROUPS, rows), 0, -1) if rows % g == 0)
+
+
+def row_sketch(tensor: torch.Tensor) -> tuple[float, ...] | None:
+    """The value fingerprint of ``tensor`` (see TensorRecord.sketch), or None for a tensor without statistics."""
+    if (
+        not tensor.dtype.is_floating_point
+        or tensor.layout != torch.strided
+        or tensor.is_meta
+        or tensor.dim() == 0
+        or tensor.numel() < 2
+    ):
+        return None
+    rows = tensor.numel() // tensor.shape[-1]
+    with torch.no_grad():
+        grouped = tensor.detach().reshape(_groups(rows), -1)
+        if grouped.dtype != torch.float32 and grouped.dtype != torch.float64:
+            grouped = grouped.float()
+        return tuple(torch.cat((grouped.sum(1), (grouped * grouped).sum(1))).tolist())

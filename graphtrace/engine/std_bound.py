@@ -40,17 +40,17 @@ _GAMMA9 = 9 * _U32 / (1 - 9 * _U32)  # a square's rounding and eight terms added
 
 
 def _as_float32(value: float) -> float:
-    return struct.unpack("f", struct.pack("f", value))[0]
+    return float(struct.unpack("f", struct.pack("f", value))[0])
 
 
 def _as_float16(value: float) -> float:
-    return struct.unpack("e", struct.pack("e", _as_float32(value)))[0]
+    return float(struct.unpack("e", struct.pack("e", _as_float32(value)))[0])
 
 
 def _as_bfloat16(value: float) -> float:
     bits = struct.unpack("I", struct.pack("f", _as_float32(value)))[0]
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # round to nearest even, as c10::BFloat16 does
-    return struct.unpack("f", struct.pack("I", bits))[0]
+    return float(struct.unpack("f", struct.pack("I", bits))[0])
 
 
 # torch turns the double result into the tensor's dtype through float, so half types round twice, as here.

@@ -101,7 +101,7 @@ def node_to_spec(node: CallNode, *, full: bool, root: bool = True) -> dict[str, 
     out: dict[str, Any] = {}
     for key, value in _node_fields(node, root):
         if key == "inputs":
-            inputs = {}
+            inputs: dict[str, Any] = {}
             if "args" in value:
                 inputs["args"] = [_value_to_spec(arg, full) for arg in value["args"]]
             if "kwargs" in value:
@@ -219,6 +219,7 @@ class _SpecWriter:
                 if not record.value:
                     text = "[]"
             else:
+                assert record.file is not None  # a stored value: repr lines or a file
                 text = _escape(record.file)
             append("," + inner + '"value": ' + text)
             self.values.append((start, start + 1))

@@ -35,7 +35,7 @@ _TEXT_DTYPES = frozenset(
 """The dtypes printed here (complex, float8 and the rarer integer types take torch's printer)."""
 
 _CACHE_LIMIT = 4096
-_gather_offsets: dict[tuple, tuple[torch.Tensor, int]] = {}
+_gather_offsets: dict[tuple[object, ...], tuple[torch.Tensor, int]] = {}
 
 
 class PrintedValues(NamedTuple):

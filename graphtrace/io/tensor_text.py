@@ -25,7 +25,7 @@ PrintOptions = tuple[int, float, int, int]
 _PREFIX = "tensor("
 _INDENT = len(_PREFIX)
 _CACHE_LIMIT = 4096
-_layouts: dict[tuple, str] = {}
+_layouts: dict[tuple[object, ...], str] = {}
 
 
 def shown_sizes(shape: Sequence[int], options: PrintOptions) -> tuple[tuple[int, ...], tuple[bool, ...]]:

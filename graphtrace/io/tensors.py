@@ -355,7 +355,8 @@ class TensorFiles:
         handle = self._shards.get(path)
         if handle is None:
             handle = self._shards[path] = safe_open(str(inside(self.directory, path)), framework="pt")
-        return handle.get_tensor(key)
+        tensor: torch.Tensor = handle.get_tensor(key)
+        return tensor
 
 
 def load_tensor(directory: str | os.PathLike[str], file: str) -> torch.Tensor:
@@ -368,5 +369,6 @@ def load_tensor(directory: str | os.PathLike[str], file: str) -> torch.Tensor:
     target = inside(directory, path)  # never a file outside the trace's directory
     if key is not None:
         with safe_open(str(target), framework="pt") as handle:
-            return handle.get_tensor(key)
+            found: torch.Tensor = handle.get_tensor(key)
+            return found
     return load_file(str(target))["data"]

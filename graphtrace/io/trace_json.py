@@ -60,6 +60,8 @@ def _tensor_out(record: TensorRecord) -> dict[str, Any]:
         out["file"] = record.file
     if record.dtensor is not None:
         out["dtensor"] = dataclasses.asdict(record.dtensor)
+    if record.sketch is not None:
+        out["sketch"] = [_float_out(x) for x in record.sketch]
     return out
 
 
@@ -74,6 +76,9 @@ def _tensor_in(raw: Mapping[str, Any]) -> TensorRecord:
     stats = raw.get("stats")
     if stats is not None and (not isinstance(stats, list) or len(stats) != 4):
         raise TraceFormatError(f"unreadable tensor statistics in trace file: {str(stats)[:80]!r}")
+    sketch = raw.get("sketch")
+    if sketch is not None and (not isinstance(sketch, list) or len(sketch) % 2):
+        raise TraceFormatError(f"unreadable value fingerprint in trace file: {str(sketch)[:80]!r}")
     spec_stats = raw.get("spec_stats")
     if spec_stats is not None and (
         not isinstance(spec_stats, list) or len(spec_stats) != 4 or not all(isinstance(x, str) for x in spec_stats)
@@ -88,6 +93,7 @@ def _tensor_in(raw: Mapping[str, Any]) -> TensorRecord:
         nan_count=_typed(raw.get("nan", 0), int, "NaN count"),
         inf_count=_typed(raw.get("inf", 0), int, "Inf count"),
         file=file,
+        sketch=tuple(_float_in(x) for x in sketch) if sketch is not None else None,
         dtensor=DTensorInfo(
             placements=dtensor["placements"],
             mesh_shape=tuple(dtensor["mesh_shape"]),

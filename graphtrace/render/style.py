@@ -104,7 +104,7 @@ def _tooltip(data: Mapping[str, Any]) -> str:
 
 
 def _type_text(data: Mapping[str, Any]) -> str:
-    return data["type_name"] + (f" ×{data['repeat']}" if data["repeat"] > 1 else "")
+    return str(data["type_name"]) + (f" ×{data['repeat']}" if data["repeat"] > 1 else "")
 
 
 def box_style(data: Mapping[str, Any]) -> dict[str, str]:

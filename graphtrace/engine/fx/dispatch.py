@@ -145,7 +145,7 @@ class FxEngine:
 
     def _start_replay(
         self, module: nn.Module, path: str, args: tuple[Any, ...], kwargs: dict[str, Any], frame: Frame
-    ) -> tuple[Replay | None, Hashable]:
+    ) -> tuple[Replay | StructuralReplay | None, Hashable]:
         """The replay that verifies this call, and the signature it is cached under; no replay (and the reason in
         the fallbacks) when the module has no plan for it."""
         try:

@@ -106,7 +106,7 @@ def _tensor_key(tensor: torch.Tensor | None) -> Hashable:
 def _forward_key(module: nn.Module) -> Hashable:
     forward = module.forward
     if getattr(forward, "__self__", None) is module:
-        return _Identity(forward.__func__)
+        return _Identity(forward.__func__)  # type: ignore[attr-defined]  # a bound method
     return _Identity(forward)
 
 

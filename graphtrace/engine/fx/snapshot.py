@@ -38,7 +38,7 @@ def _copy_container(value: Any) -> Any:
 
 def _same_contents(value: Any, saved: Any) -> bool:
     if isinstance(value, set):
-        return value == saved
+        return bool(value == saved)
     current = list(value.items()) if isinstance(value, dict) else list(value)
     return len(current) == len(saved) and all(
         (a[0] == b[0] and a[1] is b[1]) if isinstance(value, dict) else a is b for a, b in zip(current, saved)

@@ -53,7 +53,7 @@ def flatten(value: Any, leaves: list[Any] | None = None) -> tuple[list[Any], Str
     """``(leaves, structure)`` of ``value``; :func:`unflatten` puts the leaves back."""
     if leaves is None:
         leaves = []
-    kind = _PLAIN.get(type(value), type(value))
+    kind: type = _PLAIN.get(type(value), type(value))  # type: ignore[call-overload]
     if kind is tuple or kind is list:
         children = tuple(flatten(item, leaves)[1] for item in value)
         return leaves, Structure(kind, (), children)
@@ -90,8 +90,8 @@ def _build(leaves: Any, structure: Structure) -> Any:
     if issubclass(kind, tuple):  # a named tuple
         return kind(*items)
     if dataclasses.is_dataclass(kind):  # ModelOutput and other dataclasses: rebuilt from their (set) fields
-        return kind(**dict(zip(structure.keys, items)))
-    return kind(zip(structure.keys, items))
+        return kind(**{str(key): item for key, item in zip(structure.keys, items)})
+    return kind(zip(structure.keys, items))  # type: ignore[call-arg]  # a dict type
 
 
 def leaf_paths(

@@ -206,7 +206,7 @@ class _MetaProxy(fx.Proxy):
             return iter(list(meta))
         length = self._length()
         if length is not None:
-            return (self[i] for i in range(length))
+            return (self[i] for i in range(length))  # type: ignore[index]  # fx's Proxy indexes by __getattr__
         # fx's own rule: unpacking into a fixed number of names works without knowing the length
         frame = inspect.currentframe()
         caller = frame.f_back if frame is not None else None
@@ -214,7 +214,7 @@ class _MetaProxy(fx.Proxy):
             instructions = list(dis.get_instructions(caller.f_code))
             index = bisect.bisect_left(instructions, caller.f_lasti, key=lambda inst: inst.offset)
             if index < len(instructions) and instructions[index].opname == "UNPACK_SEQUENCE":
-                return (self[i] for i in range(instructions[index].argval))
+                return (self[i] for i in range(instructions[index].argval))  # type: ignore[index]
         return self.tracer.iter(self)
 
 
