@@ -11,6 +11,7 @@ nothing and run the model untouched. graphtrace never communicates between ranks
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import difflib
 import os
@@ -31,7 +32,7 @@ from graphtrace.engine.distributed import current_rank, world_size
 from graphtrace.errors import FxCaptureError, InvalidInputsError, InvalidModelError, InvalidOptionError, OutputPathError
 from graphtrace.io.tensors import BundleSink, ReprSink, SafetensorsSink
 from graphtrace.io.trace_files import prepare_directory, rank_directory
-from graphtrace.model import Trace, TraceMeta
+from graphtrace.model import Trace, TraceMeta, without_files
 from graphtrace.progress import Progress, directory_bytes, human_bytes
 
 __all__ = ["Ranks", "Session", "Strategy", "Values", "capture", "check_model", "normalize_inputs", "tracing"]
@@ -214,6 +215,7 @@ class Session:
         finally:
             self.trace = self._build_trace()
             unwritten = self._close_sink()
+            self._drop_lost_references()
         saved = True
         if self.directory is not None and self.recording:
             try:
@@ -243,6 +245,18 @@ class Session:
             except OutputPathError as error:
                 return error
         return None
+
+    def _drop_lost_references(self) -> None:
+        """Records whose value could not be written (the sink removed the partial file) point at nothing: their
+        ``file`` goes, so that no saved record names a file that is missing or truncated."""
+        lost = self._sink.lost if isinstance(self._sink, (SafetensorsSink, BundleSink)) else {}
+        if not lost or self.trace is None or self.directory is None:
+            return
+        steps = tuple(
+            without_files(step, lost.get(self.directory if self.flat else self.directory / f"step_{i}", set()))
+            for i, step in enumerate(self.trace.steps)
+        )
+        self.trace = dataclasses.replace(self.trace, steps=steps)
 
     def _fx_error(self) -> FxCaptureError:
         """strategy="fx" with modules fx could not serve: raised once the forward has run (nothing was disturbed:
@@ -443,6 +457,7 @@ def _claim(model: nn.Module) -> None:
     """Mark ``model`` as being captured by this thread; a capture of it already under way in another thread is an
     error (both would patch the same forwards). A capture nested in the same thread (inside a forward) is not."""
     me = threading.get_ident()
+    modules = frozenset(id(module) for module in model.modules())
     with _CAPTURING_LOCK:
         owner = _CAPTURING.get(id(model))
         if owner is not None and owner != me:
@@ -450,7 +465,15 @@ def _claim(model: nn.Module) -> None:
                 f"{type(model).__name__} is being captured by another thread; capture one model from one thread at "
                 "a time (or capture a copy of the model)."
             )
+        for other, (other_class, other_modules) in _MODULES.items():
+            if other != id(model) and modules & other_modules:
+                raise InvalidOptionError(
+                    f"{type(model).__name__} shares modules with {other_class}, whose capture is under way; two "
+                    "captures cannot record the same modules at once. Capture the outer model once and find the "
+                    "call in its trace (trace.find(path)), or capture this module outside the other capture."
+                )
         _CAPTURING[id(model)] = me if owner is None else owner
+        _MODULES[id(model)] = (type(model).__name__, modules)
         _NESTING[id(model)] = _NESTING.get(id(model), 0) + 1
 
 
@@ -462,9 +485,11 @@ def _release(model: nn.Module) -> None:
         else:
             _NESTING.pop(id(model), None)
             _CAPTURING.pop(id(model), None)
+            _MODULES.pop(id(model), None)
 
 
 _NESTING: dict[int, int] = {}
+_MODULES: dict[int, tuple[str, frozenset[int]]] = {}  # id(model) under capture -> its class name, its modules' ids
 
 
 def _selector(patterns: tuple[str, ...]) -> Callable[[str], bool]:

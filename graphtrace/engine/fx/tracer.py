@@ -41,6 +41,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.node import map_aggregate
 from torch.utils._python_dispatch import _disable_current_modes
 
+from graphtrace.engine.fx.effects import EffectWatch, SideEffectAbort
 from graphtrace.engine.fx.flow import ChildCall, child_calls
 from graphtrace.engine.fx.guard import TraceGuard, dispatches_itself
 from graphtrace.engine.fx.signature import CONSTANT, TENSOR, Signature, is_constant, leaf_kind
@@ -314,16 +315,17 @@ class _ModuleTracer(fx.Tracer):
         type_expr: Any | None = None,
         proxy_factory_fn: Any = None,
     ) -> Any:
-        if kind in ("call_function", "call_method"):
-            answer = self._answer(kind, target, args, kwargs)
-            if answer is not UNKNOWN:
-                return answer
-        proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
-        if kind in ("call_function", "call_method"):
-            proxy.node.meta[META] = self._run_on_fakes(kind, target, args, kwargs)
-        elif kind == "get_attr":
-            proxy.node.meta[META] = self._fake(self._fetch(target))
-        return proxy
+        with EffectWatch.paused():  # torch's code on fake tensors: no model code runs here
+            if kind in ("call_function", "call_method"):
+                answer = self._answer(kind, target, args, kwargs)
+                if answer is not UNKNOWN:
+                    return answer
+            proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
+            if kind in ("call_function", "call_method"):
+                proxy.node.meta[META] = self._run_on_fakes(kind, target, args, kwargs)
+            elif kind == "get_attr":
+                proxy.node.meta[META] = self._fake(self._fetch(target))
+            return proxy
 
     def call_module(self, m: nn.Module, forward: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         qualname = self.path_of_module(m)
@@ -354,7 +356,7 @@ class _ModuleTracer(fx.Tracer):
             return value
         if dispatches_itself(value):  # a DTensor parameter: not made fake, not looked into
             return Opaque(value)
-        with _disable_current_modes():
+        with _disable_current_modes(), EffectWatch.paused():
             return self._fake_mode.from_tensor(value)
 
     def _meta_or_unknown(self, value: Any) -> Any:
@@ -420,6 +422,10 @@ class _ModuleTracer(fx.Tracer):
 
     def _child_output(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """What the child returns for these arguments, from its own plan; UNKNOWN when that cannot be known."""
+        with EffectWatch.paused():  # graphtrace's own work (the child's trace watches itself)
+            return self._child_plan_output(module, args, kwargs)
+
+    def _child_plan_output(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             fake_args = self._metas(args, opaque=True)
             fake_kwargs = self._metas(kwargs, opaque=True)
@@ -510,18 +516,35 @@ def _last_uses(graph: fx.Graph) -> dict[fx.Node, tuple[fx.Node, ...]]:
     return {node: tuple(values) for node, values in uses.items()}
 
 
+def _stopped(watch: EffectWatch) -> str:
+    return f"SideEffect: {watch.effect} (stopped before it ran while tracing, so that it runs once, in the real call)"
+
+
 def trace_module(module: nn.Module, forward: Callable[..., Any], call: Signature, context: TraceContext) -> Plan | str:
     """The plan of ``module``'s ``forward`` for calls like ``call``, or why there is none (``"Type: message"``)."""
+    with EffectWatch.paused():  # a child traced while its parent is: only the child's own trace is watched
+        return _trace(module, forward, call, context)
+
+
+def _trace(module: nn.Module, forward: Callable[..., Any], call: Signature, context: TraceContext) -> Plan | str:
     tracer = _ModuleTracer(forward, call, context)
     states = snapshot(module)
+    watch = EffectWatch(module)
     try:
-        with _quiet(), TraceGuard():
+        with _quiet(), TraceGuard(), watch:
             graph = tracer.trace(module)
+    except SideEffectAbort:
+        restore(states)
+        return _stopped(watch)
     except Exception as exc:
         restore(states)
+        if watch.effect is not None:
+            return _stopped(watch)  # the forward caught the abort and failed on
         # a trace that stumbled over a value coming out of a cache's method names the method, not the stumble
         return _impure_node(tracer.graph) or describe_error(exc)
     changed = restore(states)
+    if watch.effect is not None:
+        return _stopped(watch)  # the forward caught the abort and traced on
     if changed is not None:
         return (
             f"SideEffect: tracing the forward changes {changed!r} of a module (put back), which a graph cannot replay"
