@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Union
 
@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time to keep this
     from graphtrace.coverage import Coverage
 
 __all__ = [
+    "map_tensors",
+    "without_files",
     "SCHEMA_VERSION",
     "CallKind",
     "CallNode",
@@ -148,6 +150,35 @@ def iter_tensors(value: Value | None, name: str = "") -> Iterator[tuple[str, Ten
     else:
         for key, item in value.items():
             yield from iter_tensors(item, f"{name}_{key}")
+
+
+def map_tensors(value: Value | None, change: Callable[[TensorRecord], TensorRecord]) -> Value | None:
+    """``value`` with every tensor record replaced by ``change(record)``, its structure kept."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, TensorRecord):
+        return change(value)
+    if isinstance(value, tuple):
+        return tuple(map_tensors(item, change) for item in value)  # type: ignore[misc]
+    return {key: map_tensors(item, change) for key, item in value.items()}  # type: ignore[misc]
+
+
+def without_files(node: CallNode, files: Set[str]) -> CallNode:
+    """``node`` with the references to ``files`` (a record's ``file``, as written) dropped from its records and
+    its callees': for values that could not be written, so that no record points at a file that is not there."""
+    if not files:
+        return node
+
+    def drop(record: TensorRecord) -> TensorRecord:
+        return record.with_value(record.value, None) if record.file in files else record
+
+    return dataclasses.replace(
+        node,
+        args=tuple(map_tensors(arg, drop) for arg in node.args),  # type: ignore[misc]
+        kwargs={key: map_tensors(value, drop) for key, value in node.kwargs.items()},  # type: ignore[misc]
+        outputs=map_tensors(node.outputs, drop),
+        children=tuple(without_files(child, files) for child in node.children),
+    )
 
 
 @dataclass(frozen=True, slots=True)

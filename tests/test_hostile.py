@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -107,10 +108,12 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path, mon
     target = tmp_path / "M_debug_tree_SUMMARY.json"
     target.write_text("old")
 
-    def full_disk(fd: int, mode: str) -> object:
+    def full_disk(self: Path, data: bytes) -> int:
+        self.write_bytes_partly(data[:3])  # type: ignore[attr-defined]
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "fdopen", full_disk)
+    monkeypatch.setattr(Path, "write_bytes_partly", Path.write_bytes, raising=False)
+    monkeypatch.setattr(Path, "write_bytes", full_disk)
     with pytest.raises(OutputPathError, match=r"cannot write .*SUMMARY.json \(7 bytes\): No space left"):
         write_atomic(target, "new one")
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == [target.name]
@@ -298,3 +301,56 @@ def test_two_threads_capturing_two_models_under_fx() -> None:
     for thread in threads:
         thread.join(timeout=120)
     assert not errors and results == [4] * 6
+
+
+@pytest.mark.parametrize("values", ["safetensors", "bundle"])
+def test_a_write_failing_mid_forward_leaves_no_partial_file_and_no_reference_to_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, values: str
+) -> None:
+    from safetensors import safe_open
+
+    import graphtrace.io.tensors as tensors
+
+    real_write, writes = tensors._write_at, []
+
+    def file_too_large(fd: int, data: memoryview, offset: int) -> None:
+        writes.append(offset)
+        if len(writes) == 5:  # half of the tensor goes to disk, then the file system refuses
+            real_write(fd, data[: len(data) // 2], offset)
+            raise OSError(27, "File too large")
+        real_write(fd, data, offset)
+
+    monkeypatch.setattr(tensors, "_write_at", file_too_large)
+    target = tmp_path / "trace"
+    with pytest.raises(OutputPathError, match="File too large"):
+        graphtrace.capture(_model(), torch.ones(1, 4), path=target, values=values)  # type: ignore[arg-type]
+    for file in target.glob("*.safetensors"):  # what is left is whole
+        with safe_open(str(file), "pt") as handle:
+            for key in handle.keys():  # noqa: SIM118 (safe_open is no mapping)
+                handle.get_tensor(key)
+    trace = graphtrace.load(target)
+    referenced = [record.file for node in trace.walk() for _, record in [*node.input_tensors(), *node.output_tensors()]]
+    assert any(file is None for file in referenced)  # the lost values are recorded without a file
+    for file in filter(None, referenced):
+        assert (target / file.split("#")[0]).is_file(), file
+    assert not list(target.glob(".*.tmp"))
+
+
+def test_a_failed_drawing_leaves_the_old_picture(saved: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    svg = next(saved.glob("*_call_graph.svg"))
+    before = svg.read_bytes()
+    assert before.rstrip().endswith(b"</svg>")
+    real_run = subprocess.run
+
+    def dot_dies_halfway(command: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
+        Path(command[command.index("-o") + 1]).write_bytes(before[:100])
+        return subprocess.CompletedProcess(command, -9, "", "killed")
+
+    monkeypatch.setattr(subprocess, "run", dot_dies_halfway)
+    with pytest.warns(UserWarning, match="could not draw"):
+        graphtrace.load(saved).save(saved)
+    monkeypatch.setattr(subprocess, "run", real_run)
+    assert svg.read_bytes() == before
+    assert not list(saved.glob(".*.tmp"))

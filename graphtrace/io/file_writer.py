@@ -6,7 +6,8 @@ do both while the model computes. The caller hands over bytes it will not modify
 might still change in place) and the queue holds a bounded number of bytes: when it is full the caller waits, so that
 memory stays within a forward's plus about one module call's tensors. A write that fails is reported to the caller at
 its next submission or at :meth:`BackgroundWriter.drain`, as the :class:`~graphtrace.errors.OutputPathError` it
-raised.
+raised; the jobs queued behind it are not run, and each one's ``abandon`` (which removes what the job would have
+written, so that no stale or partial file is left under its name) runs instead.
 """
 
 from __future__ import annotations
@@ -26,24 +27,33 @@ class BackgroundWriter:
 
     def __init__(self, queue_bytes: int = QUEUE_BYTES) -> None:
         self.queue_bytes = queue_bytes
-        self._jobs: collections.deque[tuple[Callable[[], None], int]] = collections.deque()
+        self._jobs: collections.deque[tuple[Callable[[], None], int, Callable[[], None] | None]] = collections.deque()
         self._queued = 0
         self._error: BaseException | None = None
         self._closing = False
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def submit(self, job: Callable[[], None], nbytes: int) -> None:
-        """Run ``job`` (which writes about ``nbytes``) on the writer thread, or here when it is too large to queue."""
-        self._raise_failure()
+    def submit(self, job: Callable[[], None], nbytes: int, abandon: Callable[[], None] | None = None) -> None:
+        """Run ``job`` (which writes about ``nbytes``) on the writer thread, or here when it is too large to queue;
+        ``abandon`` runs instead if an earlier job failed."""
+        try:
+            self._raise_failure()
+        except BaseException:
+            _abandon(abandon)
+            raise
         if nbytes >= self.queue_bytes:
-            self.drain()
+            try:
+                self.drain()
+            except BaseException:
+                _abandon(abandon)
+                raise
             job()
             return
         with self._changed:
             while self._jobs and self._queued + nbytes > self.queue_bytes:
                 self._changed.wait()
-            self._jobs.append((job, nbytes))
+            self._jobs.append((job, nbytes, abandon))
             self._queued += nbytes
             self._changed.notify_all()
         if self._thread is None:
@@ -83,13 +93,23 @@ class BackgroundWriter:
                     self._changed.wait()
                 if not self._jobs:
                     return
-                job, nbytes = self._jobs[0]
-            try:
-                if self._error is None:  # after a failure the remaining jobs are dropped
+                job, nbytes, abandon = self._jobs[0]
+            if self._error is None:
+                try:
                     job()
-            except BaseException as exc:  # handed to the caller's thread
-                self._error = exc
+                except BaseException as exc:  # handed to the caller's thread
+                    self._error = exc
+            else:  # after a failure the remaining jobs are dropped
+                _abandon(abandon)
             with self._changed:
                 self._jobs.popleft()
                 self._queued -= nbytes
                 self._changed.notify_all()
+
+
+def _abandon(abandon: Callable[[], None] | None) -> None:
+    if abandon is not None:
+        try:
+            abandon()
+        except OSError:
+            pass  # best effort: the failure already reported is what the caller must see

@@ -3,18 +3,18 @@
 A trace refers to its value files by relative paths (``./x.safetensors``, ``./X_tensors.safetensors#key``). Read
 or copied, such a path must stay inside the trace's own directory once resolved (symlinks included): ``../x``, an
 absolute path or a link leading out is refused. Names a trace supplies that become file names (the model's class)
-must be plain names. Files are written whole or not at all: to a temporary file beside the target, then renamed
-over it, so a full disk or a killed process never leaves a truncated trace file behind.
+must be plain names. Files are written whole or not at all (:func:`graphtrace.files.write_atomic`, re-exported here),
+so a full disk or a killed process never leaves a truncated trace file behind.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 
-from graphtrace.errors import OutputPathError, TraceFormatError
+from graphtrace.errors import TraceFormatError
+from graphtrace.files import write_atomic
 
 __all__ = ["check_model_class", "inside", "write_atomic"]
 
@@ -46,24 +46,3 @@ def check_model_class(name: object) -> str:
             "from it, so it must be letters, digits, '_', '.' or '-'."
         )
     return name
-
-
-def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` (utf-8) to ``path`` whole or not at all; OutputPathError names the path and the size."""
-    target = Path(path)
-    data = text.encode("utf-8")
-    fd, temporary = tempfile.mkstemp(prefix=f".{target.name[:50]}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(temporary, target)
-    except OSError as exc:
-        Path(temporary).unlink(missing_ok=True)
-        raise OutputPathError(
-            f"cannot write {target} ({len(data):,} bytes): {exc.strerror or exc}. Free some space or choose "
-            "another directory; the file was left as it was."
-        ) from exc
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return target

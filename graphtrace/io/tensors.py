@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,12 @@ class _FileSink:
     def __init__(self, directory: str | os.PathLike[str], writer: BackgroundWriter | None = None) -> None:
         self.directory = Path(directory)
         self.writer = writer if writer is not None else BackgroundWriter()
+        self.lost: dict[Path, set[str]] = {}
+        """The references :meth:`store` handed out whose file could not be written (and was removed), by the
+        directory they are relative to: the records holding them drop them (``graphtrace.model.without_files``)."""
+
+    def _lose(self, directory: Path, reference: str) -> None:
+        self.lost.setdefault(directory, set()).add(reference)
 
     def _owned(self, data: torch.Tensor, tensor: torch.Tensor, *, later: bool = False) -> torch.Tensor:
         """``data`` (the host copy of ``tensor``), copied if it shares memory with ``tensor`` and is written after
@@ -147,15 +154,21 @@ class SafetensorsSink(_FileSink):
         if earlier is not None and earlier[0]() is tensor and earlier[1] == tensor._version:
             source = earlier[2]
 
+            reference, directory = f"./{target.name}", self.directory
+
             def link() -> None:
                 try:
                     _unlink(target)
-                    os.link(source, target)
-                except OSError:
-                    shutil.copyfile(source, target)  # a file system without hard links
+                    try:
+                        os.link(source, target)
+                    except OSError:
+                        _copy_whole(source, target)  # a file system without hard links
+                except OSError as exc:
+                    self._lose(directory, reference)
+                    raise _output_error(target, exc) from exc
 
-            self.writer.submit(link, 0)
-            return None, f"./{target.name}"
+            self.writer.submit(link, 0, abandon=lambda: self._abandon(target, directory, reference))
+            return None, reference
         result = super().store(tensor, name)
         try:
             self._written[id(tensor)] = (weakref.ref(tensor), tensor._version, target)
@@ -168,9 +181,14 @@ class SafetensorsSink(_FileSink):
         dtype = str(data.dtype)
         if dtype not in DTYPE_NAMES:
             self.writer.drain()
-            _save_file(data, target, name)
+            try:
+                _save_file(data, target, name)
+            except OutputPathError:
+                self._lose(self.directory, f"./{target.name}")
+                raise
             return None, f"./{target.name}"
         header = single_tensor_header(dtype, tuple(data.shape), data.numel() * data.element_size())
+        reference, directory = f"./{target.name}", self.directory
 
         def write() -> None:
             try:
@@ -182,10 +200,18 @@ class SafetensorsSink(_FileSink):
                 finally:
                     os.close(fd)
             except OSError as exc:
+                _remove_partial(target)
+                self._lose(directory, reference)
                 raise _output_error(target, exc) from exc
 
-        self.writer.submit(write, len(header) + data.numel() * data.element_size())
-        return None, f"./{target.name}"
+        nbytes = len(header) + data.numel() * data.element_size()
+        self.writer.submit(write, nbytes, abandon=lambda: self._abandon(target, directory, reference))
+        return None, reference
+
+    def _abandon(self, target: Path, directory: Path, reference: str) -> None:
+        """A write dropped after an earlier failure: no older file may stay under its name."""
+        self._lose(directory, reference)
+        _unlink(target)
 
     def finish(self) -> None:
         self._written = {}
@@ -216,11 +242,29 @@ def _unlink(path: Path) -> None:
         pass
 
 
+def _remove_partial(path: Path) -> None:
+    """Remove what a failed write left, so that the name never holds a truncated file (best effort: the write's
+    own error is the one to report)."""
+    try:
+        _unlink(path)
+    except OSError:
+        pass
+
+
+def _copy_whole(source: Path, target: Path) -> None:
+    try:
+        shutil.copyfile(source, target)
+    except OSError:
+        _remove_partial(target)
+        raise
+
+
 def _save_file(data: torch.Tensor, target: Path, name: str) -> None:
     """safetensors' own writer, for the dtypes graphtrace does not write itself (float8, unsigned ints, ...)."""
     try:
         save_file({"data": data}, str(target))
     except OSError as exc:
+        _remove_partial(target)
         raise _output_error(target, exc) from exc
     except Exception as exc:  # safetensors raises its own error types for dtypes it cannot store
         raise UnsupportedTensorError(
@@ -252,6 +296,20 @@ class BundleSink(_FileSink):
         self._offset = 0
         self._header_length = 0
         self._weight_map: dict[str, str] = {}
+        self._failed = False  # a write of this step's shards failed or was dropped: they are removed, not indexed
+
+    def _submit(self, job: Callable[[], None], nbytes: int) -> None:
+        def guarded() -> None:
+            try:
+                job()
+            except BaseException:
+                self._failed = True
+                raise
+
+        self.writer.submit(guarded, nbytes, abandon=self._abandon)
+
+    def _abandon(self) -> None:
+        self._failed = True
 
     def _shard_name(self, number: int) -> str:
         return f"{self.stem}{BUNDLE_SUFFIX}" if number == 1 else f"{self.stem}_tensors-{number:05d}.safetensors"
@@ -296,7 +354,7 @@ class BundleSink(_FileSink):
             except OSError as exc:
                 raise _output_error(target, exc) from exc
 
-        self.writer.submit(complete, 0)
+        self._submit(complete, 0)
 
     def store_snapshot(self, data: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
         dtype = str(data.dtype)
@@ -308,7 +366,7 @@ class BundleSink(_FileSink):
         pad = -self._offset % data.element_size()
         if pad:  # keep every tensor aligned to its element size; safetensors allows no holes, so pad with bytes
             pad_fd, pad_at = self._append(f"__padding__.{self._offset}", "torch.uint8", (pad,), pad)
-            self.writer.submit(lambda: _write_at(pad_fd, memoryview(bytes(pad)), pad_at), pad)
+            self._submit(lambda: _write_at(pad_fd, memoryview(bytes(pad)), pad_at), pad)
         nbytes = data.numel() * data.element_size()
         fd, at = self._append(name, dtype, tuple(data.shape), nbytes)
         target = self.directory / self._shards[-1]
@@ -320,13 +378,22 @@ class BundleSink(_FileSink):
             except OSError as exc:
                 raise _output_error(target, exc) from exc
 
-        self.writer.submit(write, nbytes)
+        self._submit(write, nbytes)
         return None, f"./{self._shards[-1]}#{name}"
 
     def finish(self) -> None:
-        """Complete the step's shards and write the index ``{stem}_tensors.safetensors.index.json``."""
+        """Complete the step's shards and write the index ``{stem}_tensors.safetensors.index.json``; shards whose
+        writing failed are removed instead (a shard without its header is no safetensors file)."""
         self._complete_shard()
-        self.writer.drain()
+        try:
+            self.writer.drain()
+        finally:
+            if self._failed:
+                for shard in self._shards:
+                    _remove_partial(self.directory / shard)
+                for name, shard in self._weight_map.items():
+                    self._lose(self.directory, f"./{shard}#{name}")
+                self._shards, self._weight_map, self._failed = [], {}, False
         if self._shards:
             index = {"metadata": {"writer": "graphtrace"}, "weight_map": self._weight_map}
             path = self.directory / f"{self.stem}{BUNDLE_SUFFIX}.index.json"

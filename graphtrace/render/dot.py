@@ -19,6 +19,7 @@ import networkx as nx
 import pydot
 
 from graphtrace.errors import GraphvizFailedError, GraphvizNotFoundError, InvalidOptionError, OutputPathError
+from graphtrace.files import replacing, write_atomic
 from graphtrace.render.style import (
     BOX_DEFAULTS,
     EDGE_DEFAULTS,
@@ -91,11 +92,11 @@ def write_graph(graph: nx.DiGraph, path: str | os.PathLike[str]) -> list[Path]:
     source = target.with_suffix(".dot")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        source.write_text(to_dot(graph), encoding="utf-8")
     except OSError as exc:
         raise OutputPathError(
             f"cannot write the call graph to {str(source)!r}: {exc.strerror or exc}. Choose a path you can write to."
         ) from exc
+    write_atomic(source, to_dot(graph))
     if output_format is None:
         return [source]
     render_dot_file(source, target, output_format)
@@ -111,18 +112,22 @@ def render_dot_file(source: Path, target: Path, output_format: str) -> None:
             f"{source}. To get the picture, {INSTALL_HINT}, then run `graphtrace render` on the trace again."
         )
     sharper = ["-Gdpi=144"] if output_format == "png" else []  # 1.5 times the default: legible on dense screens
-    result = subprocess.run(
-        [program, f"-T{output_format}", *sharper, str(source), "-o", str(target)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        message = result.stderr.strip().splitlines()
-        raise GraphvizFailedError(
-            f"Graphviz's dot could not draw {source} (exit code {result.returncode}: "
-            f"{message[-1] if message else 'no message'}); the DOT source is kept for inspection."
-        )
+    try:
+        with replacing(target) as drawn:  # a picture appears whole, or the old one stays
+            result = subprocess.run(
+                [program, f"-T{output_format}", *sharper, str(source), "-o", str(drawn)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if result.returncode != 0:
+                message = result.stderr.strip().splitlines()
+                raise GraphvizFailedError(
+                    f"Graphviz's dot could not draw {source} (exit code {result.returncode}: "
+                    f"{message[-1] if message else 'no message'}); the DOT source is kept for inspection."
+                )
+    except OSError as exc:
+        raise OutputPathError(f"cannot write {target}: {exc.strerror or exc}. Choose a path you can write to.") from exc
 
 
 def _output_format(target: Path) -> str | None:
