@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import struct
+from fractions import Fraction
 
 import pytest
 import torch
@@ -122,6 +124,77 @@ def test_ill_conditioned_and_extreme_tensors_are_refused() -> None:
     for name, x in decided.items():
         assert _check(x, name) == "far", name  # the seeded tensors are far from a boundary
         assert _printed(x) == _torch_string(x), name
+
+
+U64 = 2.0**-53
+
+
+def _f32_after(value: float, step: int) -> float:
+    bits = struct.unpack("I", struct.pack("f", value))[0]
+    return float(struct.unpack("f", struct.pack("I", bits + step))[0])
+
+
+def _as_f32(value: float) -> float:
+    return float(struct.unpack("f", struct.pack("f", value))[0])
+
+
+def _print_boundary(near: float) -> tuple[Fraction, str]:
+    """The midpoint of the two neighbouring float32 values around ``near`` that torch prints differently, and the
+    upper one's string."""
+    low = _as_f32(near)
+    while _printed_at(_f32_after(low, 1), torch.float32) == _printed_at(low, torch.float32):
+        low = _f32_after(low, 1)
+    while _printed_at(_f32_after(low, -1), torch.float32) != _printed_at(low, torch.float32):
+        low = _f32_after(low, -1)
+    high = _f32_after(low, 1)
+    return (Fraction(low) + Fraction(high)) / 2, _printed_at(high, torch.float32)
+
+
+def _largest_f32_square(limit: Fraction) -> float:
+    """The largest float32 ``y`` with ``2 * y**2 <= limit``."""
+    y = _as_f32(math.sqrt(float(limit / 2)))
+    while 2 * Fraction(y) ** 2 > limit:
+        y = _f32_after(y, -1)
+    while 2 * Fraction(_f32_after(y, 1)) ** 2 <= limit:
+        y = _f32_after(y, 1)
+    return y
+
+
+def _tensor_with_exact_std(target: Fraction) -> torch.Tensor:
+    """2000 float32 values (pairs of +-1, +-2 and three fine pairs) whose exact std is ``target`` to ~1e-20."""
+    ones, twos = 822, 175
+    n = 2 * (ones + twos + 3)
+    rest = target**2 * (n - 1) - 2 * ones - 8 * twos
+    fine = []
+    for _ in range(3):
+        fine.append(_largest_f32_square(rest))
+        rest -= 2 * Fraction(fine[-1]) ** 2
+    half = torch.tensor([1.0] * ones + [2.0] * twos + fine)
+    return torch.cat((half, -half))
+
+
+@pytest.mark.parametrize(("factor", "refused"), [(0.75, True), (8.0, False)])
+def test_the_slack_covers_torchs_own_rounding(monkeypatch: pytest.MonkeyPatch, factor: float, refused: bool) -> None:
+    """torch's double-precision std is off the exact value by up to (n + 16) * 2**-53 (relative). With the sums
+    known exactly (the float32 error terms set to zero), only that slack stands between the exact std and a
+    rounding boundary: a std 0.75 of torch's error away from it must be refused, one 8 of it away decided."""
+    boundary, above = _print_boundary(1.23455)
+    n = 2000
+    x = _tensor_with_exact_std(boundary * (1 + Fraction(factor * (n + 16) * U64)))
+    assert x.numel() == n
+    mean = Fraction(x.mean().item())
+    variance = sum((Fraction(v) - mean) ** 2 for v in x.tolist()) / (n - 1)
+    distance = math.sqrt(float(variance / boundary**2)) - 1
+    assert distance == pytest.approx(factor * (n + 16) * U64, rel=1e-3)  # the construction is what it claims
+    s1, s2 = (float(sum(Fraction(v) ** k for v in x.tolist())) for k in (1, 2))
+    monkeypatch.setattr(std_bound, "_sums", lambda flat: (s1, s2))
+    monkeypatch.setattr(std_bound, "_GAMMA9", 0.0)
+    monkeypatch.setattr(std_bound, "_FLUSH", 0.0)
+    value = std_bound.printed_std(x, float(mean), lambda v: format_scalar(v, x.dtype, 4))
+    if refused:
+        assert value is None
+    else:
+        assert value is not None and format_scalar(value, x.dtype, 4) == above == _torch_string(x)
 
 
 def test_summarize_uses_it_and_keeps_the_reference_strings(monkeypatch: pytest.MonkeyPatch) -> None:
