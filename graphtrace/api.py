@@ -221,6 +221,8 @@ class Session:
             try:
                 self._settle_step_folders()
                 self.trace.save(self.directory)
+            # A boundary: with the forward's own exception in flight, a save that fails for any reason must not
+            # replace it; without one, the save's error is re-raised as it is.
             except Exception as save_error:
                 if exc is None:
                     raise

@@ -98,7 +98,7 @@ class Progress:
         while True:
             try:
                 text = self.describe()
-            except Exception:  # the line is a courtesy: never let it disturb the capture
+            except OSError:  # the directory's size, read while files come and go: skip this update
                 text = ""
             if text:
                 self._write(f"\r\033[K{text}")

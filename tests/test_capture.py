@@ -238,3 +238,37 @@ def test_a_save_that_fails_after_a_failed_forward_keeps_the_forwards_exception(
     assert any("could not be saved" in note and "No space left" in note for note in notes)
     assert "kept on this exception's .graphtrace_trace" in notes[-1]
     assert raised.value.graphtrace_trace.failed_call().path == "Sequential.1"
+
+
+class ScalesInPlace(nn.Module):
+    """Scales ``first``'s output in place after it was recorded, then hands the same tensor object to ``second``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(4, 4)
+        self.second = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.first(x)
+        hidden.mul_(3.0)
+        return self.second(hidden)
+
+
+@pytest.mark.parametrize("strategy", ["eager", "auto"])
+def test_a_tensor_modified_in_place_gets_fresh_statistics(strategy: str) -> None:
+    """Statistics are cached per tensor version: the same object, changed in place since, is measured again."""
+    torch.manual_seed(0)
+    model = ScalesInPlace()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        before = model.first(x)
+    trace = graphtrace.capture(model, x, strategy=strategy, values="repr")
+    first, second = trace.steps[0].children
+    recorded, seen = first.outputs, second.args[0]
+    assert isinstance(recorded, TensorRecord) and isinstance(seen, TensorRecord)
+    assert recorded.stats is not None and seen.stats is not None
+    assert recorded.stats.mean == pytest.approx(before.mean().item(), rel=1e-6)
+    assert seen.stats.mean == pytest.approx(3 * before.mean().item(), rel=1e-6)
+    assert seen.stats.max == pytest.approx(3 * before.max().item(), rel=1e-6)
+    assert seen.spec_stats != recorded.spec_stats and seen.value != recorded.value
+    assert second.inputs_from == (first.id,)  # modified in place, still the tensor first returned

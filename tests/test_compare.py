@@ -14,7 +14,7 @@ from torch import nn
 
 import graphtrace
 from graphtrace.errors import InvalidOptionError, TraceFormatError
-from tests.conftest import run_reference
+from tests.conftest import ROOT, run_python, run_reference
 from tests.zoo import llama
 
 LLAMA = "LlamaForCausalLM"
@@ -280,16 +280,16 @@ def test_missing_value_file_is_a_format_error(tmp_path: Path, traces: Callable[.
 
 
 def test_comparing_statistics_does_not_import_torch(traces: Callable[..., Path]) -> None:
-    import subprocess
-    import sys
-
     code = (
         "import sys, graphtrace, graphtrace.compare.text; "
         f"result = graphtrace.compare({str(traces('original', 'none'))!r}, {str(traces('down_proj', 'none'))!r}); "
         "result.table(); result.to_json(); graphtrace.load(sys.argv[1]).first_nonfinite(); "
-        "assert 'torch' not in sys.modules, 'torch imported'"
+        "assert 'torch' not in sys.modules, 'torch imported'; print(graphtrace.__file__)"
     )
-    subprocess.run([sys.executable, "-c", code, str(traces("original", "none"))], check=True)
+    # this checkout's graphtrace, whatever the cwd pytest runs from and whichever graphtrace is installed
+    result = run_python("-c", code, str(traces("original", "none")), cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(ROOT / "graphtrace" / "__init__.py")
 
 
 def test_the_worked_example_of_the_docs(

@@ -3,6 +3,7 @@ module names and the same weights, matched by rename rules and by structure; ren
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import graphtrace
+from graphtrace.cli import EXIT_BAD_INPUT, main
 from graphtrace.compare import Comparison, align
 from graphtrace.compare.rules import apply_rules, parse_rule, parse_rules
 from graphtrace.errors import InvalidOptionError
@@ -141,13 +143,27 @@ def test_rules_rename_whole_components_in_order() -> None:
         ("h.{i}=layers.{j}", r"uses \{j\}, which its left side does not define"),
         ("h.{i}.{i}=x", "uses a placeholder twice"),
         ("h.{=x", "not a dotted module name"),
+        ("h.{0}=layers.{0}", r"the left side 'h\.\{0\}' is not a dotted module name"),  # a placeholder needs a name
+        ("a=b=c", "the right side 'b=c' is not a dotted module name"),
+        ("h.{i}.x=layers.{i}.{kind}", r"uses \{kind\}, which its left side does not define"),
     ],
 )
-def test_bad_rules_are_named_with_the_remedy(rule: str, message: str) -> None:
+def test_bad_rules_are_named_with_the_remedy(
+    rule: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(InvalidOptionError, match=message):
         parse_rule(rule)
-    with pytest.raises(ValueError):  # an InvalidOptionError is a ValueError
-        graphtrace.compare("unused-a", "unused-b", rules=[rule])
+    # compare() and `graphtrace diff --map` reject the rule itself: both traces exist, only the rule is wrong
+    trace = graphtrace.capture(torch.nn.Sequential(torch.nn.Linear(2, 2)), torch.ones(1, 2), path=tmp_path / "t")
+    with pytest.raises(InvalidOptionError, match=message) as raised:
+        graphtrace.compare(trace, trace, rules=["attn=self_attn", rule])
+    assert isinstance(raised.value, ValueError) and repr(rule) in str(raised.value)
+    assert graphtrace.compare(trace, trace, rules=["attn=self_attn"]).equal  # the same call with good rules works
+    directory = str(tmp_path / "t")
+    assert main(["diff", directory, directory, "--map", "attn=self_attn", "--map", rule]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith(f"graphtrace diff: error: rename rule {rule!r}") and re.search(message, err)
+    assert "Traceback" not in err
 
 
 # -- large gaps: banded and windowed alignment -----------------------------------------------------------------------

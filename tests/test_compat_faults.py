@@ -60,14 +60,32 @@ def test_repeated_call_keeps_each_calls_tensors(tmp_path: Path) -> None:
 
 
 def test_repeated_call_is_a_fault_in_the_reference(tmp_path: Path) -> None:
-    """The reference points both calls at one file holding the last call's input: why the fix above matters."""
+    """The reference points both calls at one file holding the last call's input: why the fix above matters. The shim
+    and capture() on the same model and input keep one file per call, each with its own call's input."""
     torch.manual_seed(0)
     model = SharedNorm()
     x = torch.randn(2, 4)
-    run_reference(model, lambda: model(x), tmp_path, use_repr=False)
-    files = _values(tmp_path / "SharedNorm_debug_tree_FULL_TENSORS.json", "SharedNorm.norm")
+    with torch.no_grad():
+        second_input = model.lin(model.norm(x))
+    run_reference(model, lambda: model(x), tmp_path / "reference", use_repr=False)
+    files = _values(tmp_path / "reference" / "SharedNorm_debug_tree_FULL_TENSORS.json", "SharedNorm.norm")
     assert files[0] == files[1]
-    assert not torch.equal(load_file(str(tmp_path / files[0]))["data"], x)
+    assert not torch.equal(load_file(str(tmp_path / "reference" / files[0]))["data"], x)
+
+    with model_addition_debugger_context(model, debug_path=str(tmp_path / "shim"), use_repr=False):
+        model(x)
+    ours = _values(tmp_path / "shim" / "SharedNorm_debug_tree_FULL_TENSORS.json", "SharedNorm.norm")
+    assert len(ours) == 2 and ours[0] != ours[1]
+    assert torch.equal(load_file(str(tmp_path / "shim" / ours[0]))["data"], x)
+    assert torch.equal(load_file(str(tmp_path / "shim" / ours[1]))["data"], second_input)
+
+    trace = graphtrace.capture(model, x, path=tmp_path / "capture", values="safetensors")
+    norms = [node for node in trace.walk() if node.path == "SharedNorm.norm"]
+    assert [node.id for node in norms] == ["SharedNorm.norm@0", "SharedNorm.norm@1"]
+    stored = [norm.args[0].file for norm in norms]
+    assert stored[0] != stored[1]
+    assert torch.equal(load_file(str(tmp_path / "capture" / stored[0]))["data"], x)
+    assert torch.equal(load_file(str(tmp_path / "capture" / stored[1]))["data"], second_input)
 
 
 class ValueKwarg(nn.Module):
@@ -161,13 +179,28 @@ def test_no_residue_after_a_normal_run(tmp_path: Path) -> None:
 
 
 def test_reference_leaves_residue_that_we_do_not(tmp_path: Path) -> None:
-    model = SharedNorm()
-    run_reference_state = dict(vars(PRINT_OPTS))
+    """transformers' debugger leaves its call tree on the model and sci_mode on torch's printer; the shim and
+    capture() on the same model and input leave both as they were."""
     from transformers.model_debugging_utils import model_addition_debugger_context as reference
 
-    with reference(model, debug_path=str(tmp_path)):
-        model(torch.randn(1, 4))
-    assert "_call_tree" in model.__dict__ and PRINT_OPTS.sci_mode is True != run_reference_state["sci_mode"]
+    model = SharedNorm()
+    x = torch.randn(1, 4)
+    assert PRINT_OPTS.sci_mode is not True
+    with reference(model, debug_path=str(tmp_path / "reference")):
+        model(x)
+    assert "_call_tree" in model.__dict__ and PRINT_OPTS.sci_mode is True
+
+    model = SharedNorm()  # a clean model and printer again: the reference's residue is not ours to undo
+    torch.set_printoptions(profile="default")
+    PRINT_OPTS.sci_mode = None
+    before = _state(model)
+    with model_addition_debugger_context(model, debug_path=str(tmp_path / "shim")):
+        model(x)
+    assert (tmp_path / "shim" / "SharedNorm_debug_tree_SUMMARY.json").is_file()
+    assert _state(model) == before and "_call_tree" not in model.__dict__ and PRINT_OPTS.sci_mode is None
+    graphtrace.capture(model, x, path=tmp_path / "capture")
+    assert (tmp_path / "capture" / "SharedNorm_debug_tree_SUMMARY.json").is_file()
+    assert _state(model) == before and "_call_tree" not in model.__dict__ and PRINT_OPTS.sci_mode is None
 
 
 def test_std_of_one_element_is_nan_without_warnings(tmp_path: Path) -> None:

@@ -427,3 +427,47 @@ def test_half_precision_and_inference_mode() -> None:
         eager = graphtrace.capture(demo_model(), demo_inputs(), strategy="eager")
     assert module_tree(auto.root) == module_tree(eager.root)
     assert auto.coverage().fx == auto.coverage().module_calls
+
+
+class CallCounter:
+    """A plain Python object with a side effect: each ``bump`` counts."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def bump(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x * 2
+
+
+class HandsOut(nn.Module):
+    """Returns a Python object, not a tensor: at trace time its caller cannot know what it is."""
+
+    def __init__(self, counter: CallCounter) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def forward(self, x: torch.Tensor) -> CallCounter:
+        return self.counter
+
+
+class BumpsWhatItGets(nn.Module):
+    def __init__(self, counter: CallCounter) -> None:
+        super().__init__()
+        self.source = HandsOut(counter)
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.source(x).bump(x))
+
+
+def test_a_method_call_on_a_value_unknown_at_trace_time_is_refused_by_the_replay() -> None:
+    """The trace cannot tell that ``source(x).bump`` is a Python method with a side effect (the receiver is a child's
+    output of unknown kind); the replay must refuse to run it rather than bump the counter a second time."""
+    counter = CallCounter()
+    model = BumpsWhatItGets(counter)
+    x = torch.randn(2, 4)
+    trace = graphtrace.capture(model, x)
+    assert counter.calls == 1  # the forward's own call, and no replayed one
+    assert trace.fallbacks["BumpsWhatItGets"] == "Refused: calls CallCounter.bump, which a replay would repeat"
+    assert trace.steps[0].strategy == "eager" and trace.find("BumpsWhatItGets.proj").strategy == "fx"

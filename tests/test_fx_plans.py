@@ -228,3 +228,76 @@ def test_a_leaf_verified_in_one_capture_is_checked_structurally_in_the_next(repl
     replayed.clear()
     graphtrace.capture(model.double(), x.double(), values="none")
     assert model.layers[0].proj in replayed
+
+
+class SkipsChild(nn.Module):
+    """Calls ``a`` then ``b``, or only ``a`` once a Python counter outside the module's attributes says so: the
+    same signature, one child call fewer, the same output structure (both children map 4 features to 4)."""
+
+    def __init__(self, counter: list[int]) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+        self.counter = counter
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.a(x)
+        return x if self.counter[0] > 0 else self.b(x)
+
+
+class Narrow(nn.Module):
+    """Keeps the first 4 - counter features: the same signature, another output shape."""
+
+    def __init__(self, counter: list[int]) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, : 4 - self.counter[0]]
+
+
+class SumsNarrow(nn.Module):
+    """Its own output has the same structure whatever ``narrow`` returns: only the child's output can tell."""
+
+    def __init__(self, counter: list[int]) -> None:
+        super().__init__()
+        self.narrow = Narrow(counter)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.narrow(x).sum(dim=-1, keepdim=True)
+
+
+def _twice(model: nn.Module, counter: list[int], x: torch.Tensor) -> Trace:
+    """Two forwards in one capture: the first verified bit for bit, the second (counter 1) checked structurally."""
+    with graphtrace.tracing(model) as session:
+        with torch.no_grad():
+            model(x)
+            counter[0] = 1
+            model(x)
+    counter[0] = 0
+    assert session.trace is not None
+    return session.trace
+
+
+def test_a_later_call_that_skips_a_child_falls_back_with_the_reason() -> None:
+    counter = [0]
+    model = Stack(SkipsChild(counter))
+    trace = _twice(model, counter, torch.randn(2, 4))
+    assert [node.strategy for node in trace.walk() if node.path == "Stack.layers.0"] == ["fx", "eager"]
+    assert trace.fallbacks == {"Stack.layers.0": "Mismatch: the graph calls b, the forward does not"}
+    second = trace.steps[1].children[0]
+    assert [child.path for child in second.children] == ["Stack.layers.0.a"]  # what really ran, recorded eagerly
+
+
+def test_a_later_call_whose_child_returns_another_shape_falls_back_with_the_reason() -> None:
+    counter = [0]
+    model = Stack(SumsNarrow(counter))
+    x = torch.randn(2, 4)
+    trace = _twice(model, counter, x)
+    layer, narrow = "Stack.layers.0", "Stack.layers.0.narrow"
+    assert [node.strategy for node in trace.walk() if node.path == layer] == ["fx", "eager"]
+    assert [node.strategy for node in trace.walk() if node.path == narrow] == ["fx", "eager"]
+    assert trace.fallbacks[layer].startswith("Mismatch: narrow returned ")
+    assert trace.fallbacks[layer].endswith(" than the graph was traced with")
+    assert trace.fallbacks[narrow].startswith("Mismatch: the output: ")
+    assert trace.find(narrow).outputs.shape == (2, 3)  # type: ignore[union-attr]  # the second step's call

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from graphtrace.model import CallNode, TensorRecord, Trace, TraceMeta, iter_tensors, prune_layer_blocks
+from tests.conftest import ROOT, run_python
 
 
 def _block(path: str, *children: str) -> CallNode:
@@ -61,9 +59,12 @@ def test_iter_tensors_names_like_the_reference_files() -> None:
 def test_data_model_writers_and_readers_do_not_import_torch() -> None:
     code = (
         "import sys; import graphtrace, graphtrace.model, graphtrace.io, graphtrace.io.spec_json, "
-        "graphtrace.io.trace_json; assert 'torch' not in sys.modules, 'torch imported'"
+        "graphtrace.io.trace_json; assert 'torch' not in sys.modules, 'torch imported'; print(graphtrace.__file__)"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    # this checkout's graphtrace, whatever the cwd pytest runs from and whichever graphtrace is installed
+    result = run_python("-c", code, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(ROOT / "graphtrace" / "__init__.py")
 
 
 def test_with_value_carries_every_field_of_the_record() -> None:

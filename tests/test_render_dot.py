@@ -102,6 +102,104 @@ def test_golden_dot_of_the_demo_model(demo_trace: Trace) -> None:
     assert_golden("demo_depth2.dot", to_dot(call_graph(demo_trace, depth=2)))
 
 
+def parse_dot(text: str) -> tuple[dict[str, str | None], dict[str, str], dict[tuple[str, str], dict[str, str]]]:
+    """The DOT source read back by pydot: clusters (id -> enclosing cluster id), boxes (id -> enclosing cluster id)
+    and edges ((tail, head) -> attributes), with call ids as plain ``path@N`` strings."""
+    import warnings
+
+    import pydot
+
+    with warnings.catch_warnings():  # pydot's parser uses pyparsing's old method names
+        warnings.simplefilter("ignore", DeprecationWarning)
+        (graph,) = pydot.graph_from_dot_data(text)
+    unquote = lambda name: name.strip('"')  # noqa: E731
+    clusters: dict[str, str | None] = {}
+    nodes: dict[str, str] = {}
+
+    def visit(subgraph: pydot.Graph, parent: str | None) -> None:
+        for node in subgraph.get_nodes():
+            if unquote(node.get_name()) not in ("node", "edge", "graph"):
+                assert parent is not None, node.get_name()
+                nodes[unquote(node.get_name())] = parent
+        for child in subgraph.get_subgraphs():
+            name = unquote(child.get_name()).removeprefix("cluster_")
+            clusters[name] = parent
+            visit(child, name)
+
+    visit(graph, None)
+    edges = {
+        (unquote(edge.get_source()), unquote(edge.get_destination())): {
+            key: unquote(value) for key, value in edge.get_attributes().items()
+        }
+        for edge in graph.get_edges()
+    }
+    return clusters, nodes, edges
+
+
+def test_the_demo_dot_means_the_demo_model(demo_trace: Trace) -> None:
+    """Independent of the golden files: what the demo model's code says, read back from the DOT. The root holds
+    embed_tokens, rotary, the final norm and lm_head and the four identical layers folded into one cluster; a layer
+    holds its two norms and the attn and mlp clusters. Data flow follows forward(): rotary's cos/sin and the input
+    norm feed the projections, the MLP's product feeds down_proj, the last layer feeds the final norm; what is
+    computed between module calls (attention, residual adds, the gate's product) is drawn dashed, as inferred."""
+    root, layer = "DemoTransformer", "DemoTransformer.layers.0"
+    attn, mlp = f"{layer}.attn", f"{layer}.mlp"
+    clusters, nodes, edges = parse_dot(to_dot(call_graph(demo_trace)))
+    assert clusters == {
+        f"{root}@0": None,
+        f"{layer}@0": f"{root}@0",
+        f"{attn}@0": f"{layer}@0",
+        f"{mlp}@0": f"{layer}@0",
+    }
+    expected_nodes = {f"{root}.{name}@0": f"{root}@0" for name in ("embed_tokens", "rotary", "norm", "lm_head")}
+    expected_nodes |= {f"{layer}.{name}@0": f"{layer}@0" for name in ("input_norm", "post_attention_norm")}
+    expected_nodes |= {f"{attn}.{name}_proj@0": f"{attn}@0" for name in "qkvo"}
+    expected_nodes |= {f"{mlp}.{name}@0": f"{mlp}@0" for name in ("gate_proj", "up_proj", "act", "down_proj")}
+    assert nodes == expected_nodes  # layers 1-3 are folded into layers.0: no box of theirs
+    recorded = {
+        (f"{root}.rotary", f"{attn}.q_proj"),  # cos and sin enter the attention cluster
+        (f"{root}.embed_tokens", f"{layer}.input_norm"),
+        *((f"{layer}.input_norm", f"{attn}.{name}_proj") for name in "qkv"),
+        (f"{layer}.post_attention_norm", f"{mlp}.gate_proj"),
+        (f"{layer}.post_attention_norm", f"{mlp}.up_proj"),
+        (f"{mlp}.gate_proj", f"{mlp}.act"),
+        (f"{mlp}.down_proj", f"{root}.norm"),  # the last layer's output
+        (f"{root}.norm", f"{root}.lm_head"),
+    }
+    inferred = {
+        *((f"{attn}.{name}_proj", f"{attn}.o_proj") for name in "qkv"),  # the attention itself
+        (f"{attn}.o_proj", f"{layer}.post_attention_norm"),  # the residual add
+        (f"{mlp}.act", f"{mlp}.down_proj"),  # act * up
+        (f"{mlp}.up_proj", f"{mlp}.down_proj"),
+    }
+    assert set(edges) == {(f"{a}@0", f"{b}@0") for a, b in recorded | inferred}
+    for a, b in recorded | inferred:
+        assert (edges[f"{a}@0", f"{b}@0"].get("style") == "dashed") == ((a, b) in inferred), (a, b)
+    # an edge into or out of a cluster is clipped at its border
+    assert edges[f"{root}.rotary@0", f"{attn}.q_proj@0"]["lhead"] == f"cluster_{attn}@0"
+    assert edges[f"{mlp}.down_proj@0", f"{root}.norm@0"]["ltail"] == f"cluster_{layer}@0"
+    assert edges[f"{attn}.o_proj@0", f"{layer}.post_attention_norm@0"]["ltail"] == f"cluster_{attn}@0"
+
+    # two levels deep: attn and mlp become boxes, each counting the four calls inside it
+    clusters, nodes, edges = parse_dot(to_dot(call_graph(demo_trace, depth=2)))
+    assert clusters == {f"{root}@0": None, f"{layer}@0": f"{root}@0"}
+    assert set(nodes) == {name for name in expected_nodes if name.count(".") <= 3} | {f"{attn}@0", f"{mlp}@0"}
+    assert nodes[f"{attn}@0"] == nodes[f"{mlp}@0"] == f"{layer}@0"
+    dot = to_dot(call_graph(demo_trace, depth=2))
+    for box in (attn, mlp):
+        line = next(line for line in dot.splitlines() if line.startswith(f'"{box}@0" ['))
+        assert "+4 calls inside" in line
+    assert set(edges) == {
+        (f"{root}.rotary@0", f"{attn}@0"),
+        (f"{root}.embed_tokens@0", f"{layer}.input_norm@0"),
+        (f"{layer}.input_norm@0", f"{attn}@0"),
+        (f"{attn}@0", f"{layer}.post_attention_norm@0"),
+        (f"{layer}.post_attention_norm@0", f"{mlp}@0"),
+        (f"{mlp}@0", f"{root}.norm@0"),
+        (f"{root}.norm@0", f"{root}.lm_head@0"),
+    }
+
+
 def test_golden_dot_of_a_model_with_nan_an_error_and_a_fallback() -> None:
     dot = to_dot(call_graph(faulty_trace()))
     assert_golden("faulty.dot", dot)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
 
 import graphtrace
-from graphtrace.io.spec_json import node_to_spec, spec_texts
+from graphtrace.io.spec_json import spec_texts
 from graphtrace.model import CallNode, Stats, TensorRecord, Trace, TraceMeta
 
 
@@ -50,18 +51,114 @@ def _tree() -> CallNode:
     )
 
 
-def test_texts_equal_json_dumps_of_the_spec_dicts() -> None:
-    root = _tree()
-    full, summary = spec_texts(root)
-    assert full == json.dumps(node_to_spec(root, full=True), indent=2)
-    assert summary == json.dumps(node_to_spec(root, full=False), indent=2)
-    assert '"value": "a kwarg named value"' in summary  # only tensors lose their value
+# The same tree as transformers' debugger records it (a dict per call, tensors serialised as it serialises them,
+# keys in its order), written by hand from the format's rules: a submodule's inputs keep only non-empty args and
+# kwargs, a module with submodules records outputs None, empty children are dropped, the root keeps args and kwargs
+# and loses its falsy keys. graphtrace's extension, a call that raised, carries an "error" key last.
+STATS = {"mean": "tensor(5.0000e-01)", "std": "tensor(1.0000e-01)", "min": "tensor(0.)", "max": "tensor(1.)"}
+LINES = {"shape": "torch.Size([1, 2])", "dtype": "torch.float32", "value": ["tensor([[0.0000e+00, 1.0000e+00]])"]}
+LINES.update(STATS)
+PLAIN = {"shape": "torch.Size([1, 2])", "dtype": "torch.float32", **STATS}
+IN_FILE = {"shape": "torch.Size([1, 2])", "dtype": "torch.float32", "value": "./f.safetensors", **STATS}
+RECORDED = {
+    "module_path": "M",
+    "inputs": {"args": [], "kwargs": {"x": LINES}},
+    "outputs": {"logits": PLAIN},
+    "children": [
+        {
+            "module_path": "M.blocks.0",
+            "inputs": {},
+            "outputs": PLAIN,
+            "children": [
+                {
+                    "module_path": "M.blocks.0.proj",
+                    "inputs": {
+                        "args": [LINES, "None", [], {}],
+                        "kwargs": {"value": "a kwarg named value", 3: LINES, 'é\u2028"q"': ["x", {"k": IN_FILE}]},
+                    },
+                    "outputs": [{"shape": "torch.Size([1, 2])", "dtype": "torch.int64", "value": []}, "True"],
+                }
+            ],
+        },
+        {
+            "module_path": "M.blocks.1",
+            "inputs": {},
+            "outputs": None,
+            "children": [
+                {"module_path": "M.blocks.1.inner", "inputs": {}, "outputs": None, "error": "ValueError: bad"}
+            ],
+            "error": 'ValueError: bad "input"',
+        },
+        {"module_path": "M.never", "inputs": {}, "outputs": None},
+    ],
+}
 
 
-def test_root_without_children_keeps_or_drops_outputs_as_transformers() -> None:
+def _transformers_writes(tree: dict, tmp_path: Path) -> tuple[str, str]:
+    """transformers' own writer (log_model_debug_trace: outputs pruned where there are children, values stripped for
+    SUMMARY, json.dump with indent=2) on ``tree``: the FULL_TENSORS and SUMMARY texts."""
+    from types import SimpleNamespace
+
+    from transformers.model_debugging_utils import log_model_debug_trace
+
+    model = SimpleNamespace(_call_tree=copy.deepcopy(tree), _debugger_module_dump_name="M")
+    log_model_debug_trace(str(tmp_path), model)
+    full, summary = (tmp_path / f"M_debug_tree_{kind}.json" for kind in ("FULL_TENSORS", "SUMMARY"))
+    return full.read_text(encoding="utf-8"), summary.read_text(encoding="utf-8")
+
+
+def test_texts_equal_transformers_writer(tmp_path: Path) -> None:
+    full, summary = spec_texts(_tree())
+    expected_full, expected_summary = _transformers_writes(RECORDED, tmp_path)
+    assert full == expected_full
+    # SUMMARY strips tensors' values only: transformers also strips a keyword argument that happens to be named value
+    assert '"value": "a kwarg named value"' in summary and '"value": "a kwarg named value"' not in expected_summary
+    stripped = json.loads(summary)
+    del stripped["children"][0]["children"][0]["inputs"]["kwargs"]["value"]
+    assert json.dumps(stripped, indent=2) == expected_summary
+    assert json.loads(expected_summary) == {  # and by hand: no tensor keeps a value, everything else stays
+        "module_path": "M",
+        "inputs": {"args": [], "kwargs": {"x": PLAIN}},
+        "children": [
+            {
+                "module_path": "M.blocks.0",
+                "inputs": {},
+                "children": [
+                    {
+                        "module_path": "M.blocks.0.proj",
+                        "inputs": {
+                            "args": [PLAIN, "None", [], {}],
+                            "kwargs": {"3": PLAIN, 'é\u2028"q"': ["x", {"k": PLAIN}]},
+                        },
+                        "outputs": [{"shape": "torch.Size([1, 2])", "dtype": "torch.int64"}, "True"],
+                    }
+                ],
+            },
+            {
+                "module_path": "M.blocks.1",
+                "inputs": {},
+                "children": [
+                    {"module_path": "M.blocks.1.inner", "inputs": {}, "outputs": None, "error": "ValueError: bad"}
+                ],
+                "error": 'ValueError: bad "input"',
+            },
+            {"module_path": "M.never", "inputs": {}, "outputs": None},
+        ],
+    }
+
+
+def test_root_without_children_keeps_or_drops_outputs_as_transformers(tmp_path: Path) -> None:
+    serialised = {"None": "None", "": "", (): [], None: None}
     for outputs in (_record(), "None", "", (), None):
         root = CallNode(path="L", type_name="Linear", outputs=outputs)
-        assert spec_texts(root)[0] == json.dumps(node_to_spec(root, full=True), indent=2)
+        recorded = {
+            "module_path": "L",
+            "inputs": {"args": [], "kwargs": {}},
+            "outputs": PLAIN if outputs is not None and not isinstance(outputs, (str, tuple)) else serialised[outputs],
+            "children": [],
+        }
+        recorded = {key: value for key, value in recorded.items() if value}  # the root loses its falsy keys
+        assert spec_texts(root)[0] == _transformers_writes(recorded, tmp_path)[0], outputs
 
 
 def test_own_file_has_one_call_per_line_and_loads_back(tmp_path: Path) -> None:

@@ -130,6 +130,8 @@ class StoredValues:
             return files.load(record.file)
         except TraceFormatError:
             raise  # a reference leading out of the trace's directory: said as it is
+        # re-raised with context: a file that cannot be opened or parsed (OSError, safetensors' own SafetensorError,
+        # a header torch cannot map), named with the trace and the remedy
         except Exception as exc:
             raise TraceFormatError(
                 f"trace {where} refers to {record.file}, which cannot be read from {directory} "

@@ -57,7 +57,9 @@ def find_cache(values: Iterable[Any]) -> Any | None:
 def _seq_length(cache: Any) -> int | None:
     try:
         return int(cache.get_seq_length())
-    except Exception:  # a cache class whose length is not defined without arguments
+    # a cache class whose length is not defined without arguments (TypeError, also int(None) of an abstract one),
+    # not implemented, not initialised yet (a layer without keys), or refused for a layer (ValueError)
+    except (TypeError, NotImplementedError, AttributeError, IndexError, ValueError):
         return None
 
 

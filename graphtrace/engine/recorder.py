@@ -124,7 +124,7 @@ def _dtensor_info(value: Any) -> DTensorInfo | None:
             mesh_shape=tuple(value.device_mesh.shape),
             global_shape=tuple(value.shape),
         )
-    except Exception:  # a duck-typed object with a _local_tensor but not the DTensor API
+    except (AttributeError, TypeError):  # a duck-typed object with a _local_tensor but not the DTensor API
         return None
 
 

@@ -30,7 +30,6 @@ from graphtrace.reprs import spec_shape
 __all__ = [
     "FULL_SUFFIX",
     "SUMMARY_SUFFIX",
-    "node_to_spec",
     "read_spec_file",
     "spec_file_names",
     "spec_texts",
@@ -47,28 +46,6 @@ def spec_file_names(model_class: str) -> tuple[str, str]:
 
 
 # -- writing -------------------------------------------------------------------------------------------------------
-
-
-def _tensor_to_spec(record: TensorRecord, full: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"shape": spec_shape(record.shape), "dtype": record.dtype}
-    if full:
-        if record.value is not None:
-            out["value"] = list(record.value)
-        elif record.file is not None:
-            out["value"] = record.file
-    if record.spec_stats is not None:
-        out["mean"], out["std"], out["min"], out["max"] = record.spec_stats
-    return out
-
-
-def _value_to_spec(value: Value, full: bool) -> Any:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, TensorRecord):
-        return _tensor_to_spec(value, full)
-    if isinstance(value, tuple):
-        return [_value_to_spec(item, full) for item in value]
-    return {_json_key(key): _value_to_spec(item, full) for key, item in value.items()}
 
 
 def _json_key(key: Any) -> Any:
@@ -96,28 +73,9 @@ def _node_fields(node: CallNode, root: bool) -> list[tuple[str, Any]]:
     return fields
 
 
-def node_to_spec(node: CallNode, *, full: bool, root: bool = True) -> dict[str, Any]:
-    """The transformers JSON node of ``node`` and its subtree (FULL_TENSORS when ``full``, else SUMMARY)."""
-    out: dict[str, Any] = {}
-    for key, value in _node_fields(node, root):
-        if key == "inputs":
-            inputs: dict[str, Any] = {}
-            if "args" in value:
-                inputs["args"] = [_value_to_spec(arg, full) for arg in value["args"]]
-            if "kwargs" in value:
-                inputs["kwargs"] = {_json_key(k): _value_to_spec(v, full) for k, v in value["kwargs"].items()}
-            value = inputs
-        elif key == "children":
-            value = [node_to_spec(child, full=full, root=False) for child in value]
-        elif key == "outputs" and value is not None:
-            value = _value_to_spec(value, full)
-        out[key] = value
-    return out
-
-
 def spec_texts(step: CallNode) -> tuple[str, str]:
-    """The FULL_TENSORS and SUMMARY texts of one top-level call: ``json.dumps(node_to_spec(...), indent=2)`` of
-    each, produced together (SUMMARY is FULL_TENSORS without the tensors' values, at the same indentation)."""
+    """The FULL_TENSORS and SUMMARY texts of one top-level call, as transformers' ``json.dump(tree, indent=2)`` writes
+    them, produced together (SUMMARY is FULL_TENSORS without the tensors' values, at the same indentation)."""
     writer = _SpecWriter()
     writer.node(step, 0, True)
     chunks = writer.chunks

@@ -151,6 +151,9 @@ class FxEngine:
         try:
             call = signature(module, args, kwargs)
             plan = self._plan(module, call)
+        # A boundary (docs/fx.md): this runs inside the user's forward, on the user's arguments (their containers,
+        # hashes, tensor subclasses) and on graphtrace's plan store; whatever fails here only means this call is
+        # not verified, never that the forward fails. The reason is kept in the trace's fallbacks.
         except Exception as exc:  # an argument graphtrace cannot key a cache on: this call stays eager
             self.fallbacks.setdefault(path, describe_error(exc))
             return None, None

@@ -124,6 +124,8 @@ class Replay(fx.Interpreter):
     def _safely(self, method: Any, *args: Any) -> Any:
         try:
             return method(*args)
+        # A boundary: this runs inside the user's forward; whatever goes wrong verifying it (graphtrace's own
+        # bookkeeping, a user's object compared with the graph's) makes the call unverified, not the forward fail.
         except Exception as exc:  # graphtrace's own trouble with this replay must never reach the user's forward
             self._fail(describe_error(exc))
             return None
@@ -175,6 +177,8 @@ class Replay(fx.Interpreter):
         try:
             with torch.no_grad():
                 return self._steps.send(pending)
+        # A boundary: the replay runs the graph's ops, the user's code as traced, on real values; any exception
+        # from it (an op's own error, the guard's Refused, a Mismatch) only says that this graph cannot be trusted.
         except Exception as exc:  # anything the replay raises only means this graph cannot be trusted
             self._fail(describe_error(exc))
             return None

@@ -395,6 +395,8 @@ class _ModuleTracer(fx.Tracer):
                 if kind == "call_method":
                     return getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 return target(*fake_args, **fake_kwargs)
+        # A boundary: any op of the user's forward, run on fake tensors (fake-tensor refusals, data-dependent
+        # results, a user function's own checks); an op fake tensors cannot answer simply has no known metadata.
         except Exception:
             return UNKNOWN
 
@@ -415,7 +417,7 @@ class _ModuleTracer(fx.Tracer):
                 return UNKNOWN
             try:
                 element = meta[args[1]] if target is operator.getitem else getattr(meta, args[1])
-            except Exception:
+            except (LookupError, TypeError, AttributeError):  # no such item or field (or an unusable key)
                 return UNKNOWN
             return element if is_constant(element) else UNKNOWN
         return UNKNOWN
@@ -456,6 +458,8 @@ class _ModuleTracer(fx.Tracer):
             values.append(value)
         try:
             return unflatten(values, structure)
+        # A boundary: the child's container classes (ModelOutput, the user's dataclasses and named tuples) are
+        # constructed with proxies, and their __init__/__post_init__ may check their fields any way they like.
         except Exception:  # a container that will not hold proxies: the child's output stays one opaque value
             return proxy
 
@@ -536,6 +540,8 @@ def _trace(module: nn.Module, forward: Callable[..., Any], call: Signature, cont
     except SideEffectAbort:
         restore(states)
         return _stopped(watch)
+    # The documented boundary of fx capture (docs/fx.md): tracing runs the user's forward on proxies, and any failure
+    # of it, whatever its type, is the module's fallback reason ("Type: message"), never an error of the capture.
     except Exception as exc:
         restore(states)
         if watch.effect is not None:
