@@ -1,14 +1,17 @@
-"""`graphtrace diff A B` as a user runs it: exit codes, the table, --json, --map, colour only for a terminal."""
+"""`graphtrace diff A B` as a user runs it: exit codes, the table, --json, --map, colour only for a terminal; the
+table built with rich: the same lines plain and coloured, never wrapped or cut."""
 
 from __future__ import annotations
 
 import io
 import json
 import re
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 import graphtrace
 from graphtrace.cli.diff import use_color
@@ -17,6 +20,7 @@ from tests.gpt2_port import GPT2_RULES, port_of
 from tests.zoo import gpt2, llama
 
 ANSI = "\033["
+ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +109,15 @@ def test_bad_input_exits_2(llamas: Path, args: list[str], message: str) -> None:
     assert result.stdout == ""
 
 
+@pytest.fixture
+def terminal_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No colour setting inherited from the shell that runs the tests; a terminal that knows colours."""
+    for name in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "COLORTERM"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    return monkeypatch
+
+
 def test_colour_only_for_a_terminal_without_no_color(monkeypatch: pytest.MonkeyPatch, llamas: Path) -> None:
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
@@ -114,8 +127,60 @@ def test_colour_only_for_a_terminal_without_no_color(monkeypatch: pytest.MonkeyP
     assert use_color(Terminal()) and not use_color(io.StringIO())
     monkeypatch.setenv("NO_COLOR", "1")
     assert not use_color(Terminal())
+
+
+def test_table_with_color_is_styled_whatever_the_environment(
+    terminal_environment: pytest.MonkeyPatch, llamas: Path
+) -> None:
+    terminal_environment.setenv("NO_COLOR", "1")  # the caller of table() decides, not the environment
     result = graphtrace.compare(llamas / "original", llamas / "changed")
-    coloured = result.table(color=True)
-    assert "\033[31m\033[1m✗  model.layers.1.input_layernorm" in coloured and "\033[0m" in coloured
+    coloured = result.table(color=True).splitlines()
+    assert coloured[5].startswith("\033[1m   call (in the order calls returned)")  # the header: bold
+    assert coloured[6] == "\033[2m✓  … 15 calls agree\033[0m"  # a fold: dim
+    assert coloured[7].startswith("\033[1;31m✗  model.layers.1.input_layernorm")
+    assert coloured[7].endswith("◀ first divergence\033[0m")  # the first divergence: bold red
+    assert coloured[8].startswith("\033[31m✗  ") and coloured[-1].startswith("\033[1;31mDIVERGED: ")
     plain = result.table()
     assert ANSI not in plain and plain == str(result)
+
+
+@pytest.mark.parametrize("show_all", [False, True])
+def test_plain_text_is_the_coloured_text_without_its_escape_codes(llamas: Path, show_all: bool) -> None:
+    for a, b in (("original", "changed"), ("original-values", "changed-values"), ("original", "original")):
+        result = graphtrace.compare(llamas / a, llamas / b)
+        coloured = result.table(color=True, show_all=show_all)
+        assert ESCAPE.search(coloured)
+        assert ESCAPE.sub("", coloured) == result.table(show_all=show_all)
+
+
+NAMES = (
+    "encoder_stack_with_a_rather_long_and_descriptive_name",
+    "transformer_block_number_zero_of_a_great_many",
+    "attention_mechanism_holding_its_projection_layers",
+    "output_projection_after_all_the_attention_heads",
+)
+LONG_PATH = ".".join(NAMES)  # 200 characters: far wider than the table's other rows, and than a terminal
+
+
+def _nested(changed: bool) -> nn.Module:
+    torch.manual_seed(0)
+    model: nn.Module = nn.Linear(4, 4)
+    if changed:
+        with torch.no_grad():
+            model.weight[0, 0] += 1.0
+    for name in reversed(NAMES):
+        model = nn.Sequential(OrderedDict([(name, model)]))
+    return model
+
+
+def test_a_long_module_path_is_neither_wrapped_nor_cut(tmp_path: Path) -> None:
+    inputs = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
+    graphtrace.capture(_nested(False), inputs, path=tmp_path / "a", values="none")
+    graphtrace.capture(_nested(True), inputs, path=tmp_path / "b", values="none")
+    row = re.compile(rf"^✗  {re.escape(LONG_PATH)}  +path  +\[2, 4\]  +stats  +\S+ .*◀ first divergence$", re.M)
+    verdict = f"first divergence: {LONG_PATH} (Linear): its inputs agree, its output does not"
+    result = graphtrace.compare(tmp_path / "a", tmp_path / "b")
+    assert row.search(result.table()) and verdict in result.table().splitlines()
+    assert row.search(ESCAPE.sub("", result.table(color=True)))
+    shown = run_cli("diff", "a", "b", cwd=tmp_path)
+    assert shown.returncode == 1 and row.search(shown.stdout) and verdict in shown.stdout.splitlines()

@@ -1,28 +1,38 @@
-"""A comparison as a compact table for the terminal.
+"""A comparison as a compact table for the terminal, built as rich Text.
 
 Calls are listed in the order they returned (so the first ``✗`` whose inputs agree is the culprit). Runs of
-agreeing calls fold into one line and only the first diverging calls are listed, unless ``show_all``. Colour is
-ANSI and optional: the caller decides (the CLI colours a terminal and leaves pipes plain).
+agreeing calls fold into one line and only the first diverging calls are listed, unless ``show_all``. The lines are
+styled rich Text (:func:`report_text`): the CLI prints them through its console, which decides on colour; and
+:func:`render_table` renders them to a string, plain or ANSI-styled as its caller asks. Whether coloured or not, the
+lines are the same, and none is ever wrapped or cut: a long module path widens its column.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator, Sequence
+
+from rich.cells import cell_len
+from rich.console import Console
+from rich.text import Text
 
 from graphtrace.compare.align import relative_path
 from graphtrace.compare.pairs import CallDiff
 from graphtrace.compare.report import Comparison, Unmatched
 from graphtrace.model import Trace
 
-__all__ = ["render_table"]
+__all__ = ["render_table", "report_text"]
 
 DIVERGED_ROWS = 12
 """Diverging calls listed before the rest is summed up (without ``show_all``)."""
 
 UNMATCHED_NAMES = 6
 
-_RESET = "\033[0m"
-_STYLES = {"ok": "\033[32m", "bad": "\033[31m", "warn": "\033[33m", "dim": "\033[2m", "bold": "\033[1m"}
+LINE_WIDTH = 1_000_000
+"""rich's width when rendering to a string: wide enough that no line is ever cut or wrapped by rich itself."""
+
+_ROW_STYLES = {"✓": "green", "✗": "red", "!": "yellow", "·": "dim"}
+"""A row's style by its mark: agree, diverge, an input already differs, nothing comparable."""
 _HEADERS = (
     "",
     "call (in the order calls returned)",
@@ -34,25 +44,14 @@ _HEADERS = (
     "cosine",
     "outside",
 )
-_PATH_WIDTH = 64
 
 
-class _Painter:
-    def __init__(self, color: bool) -> None:
-        self.color = color
-
-    def __call__(self, text: str, *styles: str) -> str:
-        if not self.color or not styles or not text:
-            return text
-        return "".join(_STYLES[s] for s in styles) + text + _RESET
+def _line(text: str = "", style: str = "") -> Text:
+    return Text(text, style=style, no_wrap=True, overflow="ignore")
 
 
 def _number(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
-
-
-def _short(text: str, width: int) -> str:
-    return text if len(text) <= width else "…" + text[-(width - 1) :]
 
 
 def _call_label(comparison: Comparison, call: CallDiff, steps: bool) -> str:
@@ -127,30 +126,28 @@ def _fold(comparison: Comparison, quiet: Sequence[CallDiff], steps: bool) -> Ite
     yield ("✓", f"… {len(quiet)} calls agree{note}"), None
 
 
-def _table(comparison: Comparison, paint: _Painter, show_all: bool) -> list[str]:
+def _table(comparison: Comparison, show_all: bool) -> list[Text]:
     rows = list(_rows(comparison, show_all))
-    cell_rows = [cells for cells, _ in rows if isinstance(cells, list)]
-    widths = [len(h) for h in _HEADERS]
-    for cells in cell_rows:
-        cells[1] = _short(cells[1], _PATH_WIDTH)
-        widths = [max(w, len(c)) for w, c in zip(widths, cells)]
+    widths = [cell_len(h) for h in _HEADERS]
+    for cells, _ in rows:
+        if isinstance(cells, list):
+            widths = [max(w, cell_len(c)) for w, c in zip(widths, cells)]
     first = comparison.first_divergence
 
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+        return "  ".join(c + " " * (w - cell_len(c)) for c, w in zip(cells, widths)).rstrip()
 
-    out = [paint(line(_HEADERS), "bold")]
+    out = [_line(line(_HEADERS), "bold")]
     for row, call in rows:
         if isinstance(row, tuple):
             mark, text = row
-            out.append(paint(f"{mark.ljust(widths[0])}  {text}", "dim"))
+            out.append(_line(f"{mark}{' ' * (widths[0] - cell_len(mark))}  {text}", "dim"))
             continue
-        text = line(row)
-        style = {"✓": "ok", "✗": "bad", "!": "warn", "·": "dim"}[row[0]]
+        style = _ROW_STYLES[row[0]]
         if call is not None and call is first:
-            out.append(paint(text + "  ◀ first divergence", style, "bold"))
+            out.append(_line(line(row) + "  ◀ first divergence", f"bold {style}"))
         else:
-            out.append(paint(text, style))
+            out.append(_line(line(row), style))
     return out
 
 
@@ -162,7 +159,7 @@ def _names(items: Sequence[Unmatched], comparison: Comparison, trace: Trace, sho
     return ", ".join(names)
 
 
-def _verdict(comparison: Comparison, paint: _Painter) -> list[str]:
+def _verdict(comparison: Comparison) -> list[Text]:
     found = comparison.divergence
     lines = []
     if found is not None:
@@ -179,22 +176,22 @@ def _verdict(comparison: Comparison, paint: _Painter) -> list[str]:
             why = "its inputs already differ: were the two traces given the same inputs?"
         else:
             why = "its inputs differ"
-        lines.append(paint(f"first divergence: {names}{kind}: {why}", "bad", "bold"))
-        lines.append(f"  {found.explanation if found.inside else first.reason}")
+        lines.append(_line(f"first divergence: {names}{kind}: {why}", "bold red"))
+        lines.append(_line(f"  {found.explanation if found.inside else first.reason}"))
         if found.op_locus is not None:
-            lines.append(f"  {found.op_locus}")
+            lines.append(_line(f"  {found.op_locus}"))
     notes = _equivalences(comparison)
     if notes:
-        lines.append("equivalences applied (values equal once allowed for):")
-        lines += [f"  {note} ({count} tensor{'s' if count > 1 else ''})" for note, count in notes]
+        lines.append(_line("equivalences applied (values equal once allowed for):"))
+        lines += [_line(f"  {note} ({count} tensor{'s' if count > 1 else ''})") for note, count in notes]
     matched = len(comparison.calls)
     if comparison.equal:
-        lines.append(paint(f"EQUAL: all {matched} matched calls agree within tolerance", "ok", "bold"))
+        lines.append(_line(f"EQUAL: all {matched} matched calls agree within tolerance", "bold green"))
     elif comparison.diverged:
         count = len(comparison.diverged)
-        lines.append(paint(f"DIVERGED: {count} of {matched} matched calls differ", "bad", "bold"))
+        lines.append(_line(f"DIVERGED: {count} of {matched} matched calls differ", "bold red"))
     else:
-        lines.append(paint("DIVERGED: the calls match but some have no counterpart (strict)", "bad", "bold"))
+        lines.append(_line("DIVERGED: the calls match but some have no counterpart (strict)", "bold red"))
     return lines
 
 
@@ -211,26 +208,49 @@ def _equivalences(comparison: Comparison) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda item: -item[1])
 
 
-def render_table(comparison: Comparison, *, color: bool = False, show_all: bool = False) -> str:
-    """The comparison as lines of text: what was compared, the table, unmatched calls, the verdict."""
-    paint = _Painter(color)
+def report_text(comparison: Comparison, *, show_all: bool = False) -> Text:
+    """The comparison as styled rich Text, one line per line: what was compared, the table, unmatched calls, the
+    verdict. Print it through a Console with ``soft_wrap=True`` so that no line is wrapped or cut."""
     lines = []
     for side, trace, label in (("A", comparison.a, comparison.a_label), ("B", comparison.b, comparison.b_label)):
         calls = sum(1 for _ in trace.walk())
-        lines.append(f"{side}  {label}  {trace.meta.model_class}, {calls} calls")
+        lines.append(_line(f"{side}  {label}  {trace.meta.model_class}, {calls} calls"))
     counts = ", ".join(f"{n} by {how}" for how, n in comparison.matched_by().items() if n)
     lines.append(
-        f"matched {len(comparison.calls)} calls ({counts or 'none'}); "
-        f"only in A: {len(comparison.only_in_a)}, only in B: {len(comparison.only_in_b)}"
+        _line(
+            f"matched {len(comparison.calls)} calls ({counts or 'none'}); "
+            f"only in A: {len(comparison.only_in_a)}, only in B: {len(comparison.only_in_b)}"
+        )
     )
-    lines.append(f"tolerance: {comparison.tolerance.describe()}")
-    lines.append("")
-    lines += _table(comparison, paint, show_all)
-    lines.append("")
+    lines.append(_line(f"tolerance: {comparison.tolerance.describe()}"))
+    lines.append(_line())
+    lines += _table(comparison, show_all)
+    lines.append(_line())
     for side, items, trace in (("A", comparison.only_in_a, comparison.a), ("B", comparison.only_in_b, comparison.b)):
         if items:
-            lines.append(f"only in {side} ({len(items)}): {_names(items, comparison, trace, show_all)}")
+            lines.append(_line(f"only in {side} ({len(items)}): {_names(items, comparison, trace, show_all)}"))
     if comparison.unused_rules:
-        lines.append(paint("rules that renamed no call of A: " + ", ".join(comparison.unused_rules), "warn"))
-    lines += _verdict(comparison, paint)
-    return "\n".join(lines)
+        lines.append(_line("rules that renamed no call of A: " + ", ".join(comparison.unused_rules), "yellow"))
+    lines += _verdict(comparison)
+    return _line("\n").join(lines)
+
+
+def render_table(comparison: Comparison, *, color: bool = False, show_all: bool = False) -> str:
+    """:func:`report_text` as a string: ANSI-styled when ``color``, plain text otherwise, whatever the environment
+    (NO_COLOR and FORCE_COLOR are for the CLI's console; here the caller decides)."""
+    out = io.StringIO()
+    console = Console(
+        file=out,
+        width=LINE_WIDTH,
+        soft_wrap=True,
+        markup=False,
+        highlight=False,
+        emoji=False,
+        force_terminal=color,
+        force_jupyter=False,
+        legacy_windows=False,
+        no_color=False,
+        color_system="standard" if color else None,
+    )
+    console.print(report_text(comparison, show_all=show_all))
+    return out.getvalue().removesuffix("\n")
