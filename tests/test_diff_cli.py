@@ -1,5 +1,5 @@
-"""`graphtrace diff A B` as a user runs it: exit codes, the table, --json, --map, colour only for a terminal; the
-table built with rich: the same lines plain and coloured, never wrapped or cut."""
+"""`graphtrace diff A B` as a user runs it: exit codes, the table, --json, --map; the table through rich: colour
+only for a terminal (none with NO_COLOR), the same lines plain, never wrapped or cut."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import torch
 from torch import nn
 
 import graphtrace
-from graphtrace.cli.diff import use_color
+from graphtrace.cli.diff import console
+from graphtrace.compare import Comparison
+from graphtrace.compare.text import report_text
 from tests.conftest import run_cli
 from tests.gpt2_port import GPT2_RULES, port_of
 from tests.zoo import gpt2, llama
@@ -109,6 +111,17 @@ def test_bad_input_exits_2(llamas: Path, args: list[str], message: str) -> None:
     assert result.stdout == ""
 
 
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _printed(comparison: Comparison, stream: io.StringIO) -> str:
+    """What the CLI prints for ``comparison`` on ``stream``."""
+    console(stream).print(report_text(comparison))
+    return stream.getvalue()
+
+
 @pytest.fixture
 def terminal_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """No colour setting inherited from the shell that runs the tests; a terminal that knows colours."""
@@ -118,15 +131,24 @@ def terminal_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
-def test_colour_only_for_a_terminal_without_no_color(monkeypatch: pytest.MonkeyPatch, llamas: Path) -> None:
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
+def test_colour_only_for_a_terminal(terminal_environment: pytest.MonkeyPatch, llamas: Path) -> None:
+    result = graphtrace.compare(llamas / "original", llamas / "changed")
+    on_terminal = _printed(result, Terminal())
+    assert "\033[1;31m✗  model.layers.1.input_layernorm" in on_terminal  # the first divergence: bold red
+    piped = _printed(result, io.StringIO())
+    assert ANSI not in piped and piped == result.table() + "\n"
+    assert ESCAPE.sub("", on_terminal) == piped
 
-    monkeypatch.delenv("NO_COLOR", raising=False)
-    assert use_color(Terminal()) and not use_color(io.StringIO())
-    monkeypatch.setenv("NO_COLOR", "1")
-    assert not use_color(Terminal())
+
+def test_no_color_leaves_no_escape_code_on_a_terminal(terminal_environment: pytest.MonkeyPatch, llamas: Path) -> None:
+    result = graphtrace.compare(llamas / "original", llamas / "changed")
+    terminal_environment.setenv("NO_COLOR", "1")
+    printed = _printed(result, Terminal())
+    assert ANSI not in printed  # no colour, and no bold or dim either
+    assert printed == _printed(result, io.StringIO())
+    forced = run_cli("diff", "original", "changed", cwd=llamas, FORCE_COLOR="1", NO_COLOR="1")
+    assert forced.returncode == 1 and ANSI not in forced.stdout
+    assert forced.stdout == run_cli("diff", "original", "changed", cwd=llamas).stdout
 
 
 def test_table_with_color_is_styled_whatever_the_environment(
@@ -151,6 +173,10 @@ def test_plain_text_is_the_coloured_text_without_its_escape_codes(llamas: Path, 
         coloured = result.table(color=True, show_all=show_all)
         assert ESCAPE.search(coloured)
         assert ESCAPE.sub("", coloured) == result.table(show_all=show_all)
+    args = ("diff", "original", "changed", *(["--all"] if show_all else []))
+    on_terminal = run_cli(*args, cwd=llamas, FORCE_COLOR="1")  # rich treats FORCE_COLOR as a terminal
+    assert on_terminal.returncode == 1 and ESCAPE.search(on_terminal.stdout)
+    assert ESCAPE.sub("", on_terminal.stdout) == run_cli(*args, cwd=llamas).stdout
 
 
 NAMES = (
@@ -182,5 +208,7 @@ def test_a_long_module_path_is_neither_wrapped_nor_cut(tmp_path: Path) -> None:
     result = graphtrace.compare(tmp_path / "a", tmp_path / "b")
     assert row.search(result.table()) and verdict in result.table().splitlines()
     assert row.search(ESCAPE.sub("", result.table(color=True)))
-    shown = run_cli("diff", "a", "b", cwd=tmp_path)
-    assert shown.returncode == 1 and row.search(shown.stdout) and verdict in shown.stdout.splitlines()
+    # a terminal 40 columns wide: its lines are its own to wrap, rich cuts nothing
+    shown = run_cli("diff", "a", "b", cwd=tmp_path, COLUMNS="40", FORCE_COLOR="1")
+    assert shown.returncode == 1 and row.search(ESCAPE.sub("", shown.stdout))
+    assert verdict in ESCAPE.sub("", shown.stdout).splitlines()

@@ -1,6 +1,8 @@
 """``graphtrace diff A B``: compare two saved traces and name the first call where they diverge.
 
-Exit codes: 0 when every matched call agrees within tolerance, 1 when they diverge, 2 on bad input.
+Exit codes: 0 when every matched call agrees within tolerance, 1 when they diverge, 2 on bad input. The table is
+printed through rich, as ``show`` prints its tree: coloured on a terminal (rich also honours ``FORCE_COLOR``), plain
+text with the same lines for pipes and files and when ``NO_COLOR`` is set; lines are never wrapped or cut by rich.
 """
 
 from __future__ import annotations
@@ -9,8 +11,12 @@ import argparse
 import json
 import os
 import sys
+from typing import TextIO
+
+from rich.console import Console
 
 from graphtrace.cli import EXIT_DIFFERENT, EXIT_OK
+from graphtrace.cli.show import LINE_WIDTH
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -63,14 +69,24 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.set_defaults(run=run)
 
 
-def use_color(stream: object) -> bool:
-    """Colour for a terminal, unless NO_COLOR is set (https://no-color.org); plain text for pipes and files."""
-    isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty()) and not os.environ.get("NO_COLOR")
+def console(stream: TextIO | None = None) -> Console:
+    """A console for ``stream`` (stdout): rich decides whether it is a terminal (FORCE_COLOR makes it one). With
+    NO_COLOR set (https://no-color.org) it writes no escape code at all, bold included: the text a pipe gets."""
+    plain = os.environ.get("NO_COLOR", "") != ""
+    return Console(
+        file=stream or sys.stdout,
+        markup=False,
+        highlight=False,
+        emoji=False,
+        soft_wrap=True,
+        width=LINE_WIDTH,
+        color_system=None if plain else "auto",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from graphtrace.compare import compare
+    from graphtrace.compare.text import report_text
 
     comparison = compare(
         args.a,
@@ -91,5 +107,5 @@ def run(args: argparse.Namespace) -> int:
         json.dump(comparison.to_json(), sys.stdout, indent=1, allow_nan=False)
         print()
     else:
-        print(comparison.table(color=use_color(sys.stdout), show_all=args.show_all))
+        console().print(report_text(comparison, show_all=args.show_all))
     return EXIT_OK if comparison.equal else EXIT_DIFFERENT
