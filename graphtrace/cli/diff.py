@@ -70,7 +70,7 @@ def use_color(stream: object) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from graphtrace.compare import compare
+    from graphtrace.conveniences import compare
 
     comparison = compare(
         args.a,

@@ -8,11 +8,14 @@ ANSI and optional: the caller decides (the CLI colours a terminal and leaves pip
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from graphtrace.compare.align import relative_path
 from graphtrace.compare.pairs import CallDiff
-from graphtrace.compare.report import Comparison, Unmatched
 from graphtrace.model import Trace
+
+if TYPE_CHECKING:  # pragma: no cover - report.py imports this module to draw its table
+    from graphtrace.compare.report import Comparison, Unmatched
 
 __all__ = ["render_table"]
 
