@@ -8,15 +8,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# `graphtrace.compare` is both a package and its function; importing the (torch-free) function here, eagerly, makes
-# the name mean the function whatever imports the package's modules later.
-from graphtrace.compare import compare
+# `graphtrace.compare` is both a subpackage and the top-level function; importing the function here, eagerly (its
+# module imports the torch-free subpackage first), makes the name mean the function whatever imports the
+# subpackage's modules later. Importing graphtrace.conveniences also offers the data model its services.
+from graphtrace.conveniences import compare, first_nonfinite, load, save
 from graphtrace.errors import GraphtraceError
 from graphtrace.model import CallNode, TensorRecord, Trace
-
-__version__ = "0.1.0"
+from graphtrace.version import __version__
 
 __all__ = [
+    "__version__",
     # capture
     "capture",
     "tracing",
@@ -26,8 +27,10 @@ __all__ = [
     "CallNode",
     "TensorRecord",
     "load",
+    "save",
     # comparing traces
     "compare",
+    "first_nonfinite",
     # drawing: graphtrace.render.call_graph / write_call_graph; the explorer page
     "render",
     "to_html",
@@ -49,11 +52,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from graphtrace.api import capture, tracing
     from graphtrace.compat import model_addition_debugger_context
     from graphtrace.render.html import to_html
-
-
-def load(path: str) -> Trace:
-    """Read a saved trace: a directory or file written by graphtrace or by transformers' debugger."""
-    return Trace.load(path)
 
 
 def __getattr__(name: str) -> Any:

@@ -18,7 +18,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Literal, get_args, overload
@@ -34,6 +34,8 @@ from graphtrace.io.tensors import BundleSink, ReprSink, SafetensorsSink
 from graphtrace.io.trace_files import prepare_directory, rank_directory
 from graphtrace.model import Trace, TraceMeta, without_files
 from graphtrace.progress import Progress, directory_bytes, human_bytes
+from graphtrace.saving import save
+from graphtrace.version import __version__
 
 __all__ = ["Ranks", "Session", "Strategy", "Values", "capture", "check_model", "normalize_inputs", "tracing"]
 
@@ -115,7 +117,11 @@ def _check_ranks(ranks: Any) -> frozenset[int] | None:
 
 
 class Session:
-    """A capture in progress; after the ``with`` block, :attr:`trace` holds what was recorded (also on error)."""
+    """A capture in progress; after the ``with`` block, :attr:`trace` holds what was recorded (also on error).
+
+    ``single_call`` is capture()'s session: one call of the model, its value files straight in the directory and
+    its partial trace carried by the exception; tracing()'s session records any number of calls, each step's files
+    in a ``step_N`` folder (moved up when there was only one)."""
 
     def __init__(
         self,
@@ -126,7 +132,7 @@ class Session:
         prune_layers: bool,
         strategy: Strategy,
         ops: bool,
-        flat: bool,
+        single_call: bool,
         recording_ranks: frozenset[int] | None = frozenset({0}),
         rank_folders: bool = False,
         modules: tuple[str, ...] = (),
@@ -137,7 +143,7 @@ class Session:
         self.prune_layers = prune_layers
         self.strategy = strategy
         self.ops = ops
-        self.flat = flat
+        self.single_call = single_call
         self.rank = current_rank()
         self.recording = recording_ranks is None or self.rank in recording_ranks
         self.directory: Path | None = None
@@ -154,7 +160,7 @@ class Session:
             select=_selector(modules) if modules else None,
             sketches=values in ("repr", "none"),  # no files to compare values by: a fingerprint of each tensor
         )
-        self._ledger = PatchLedger()
+        self._attachment: AbstractContextManager[dict[str, str]] | None = None
         self._fallbacks: dict[str, str] = {}
         self._saving = False
         self._progress = Progress(self._progress_text, enabled=progress if self.recording else False)
@@ -176,7 +182,7 @@ class Session:
         return None
 
     def _on_step_start(self, step: int) -> None:
-        if isinstance(self._sink, (SafetensorsSink, BundleSink)) and not self.flat:
+        if isinstance(self._sink, (SafetensorsSink, BundleSink)) and not self.single_call:
             assert self.directory is not None
             self._sink.finish()  # the previous step's files are complete
             self._sink.directory = self.directory / f"step_{step}"
@@ -184,19 +190,14 @@ class Session:
 
     def __enter__(self) -> Session:
         if self.recording:
-            _claim(self.model)
-            _ONE_CAPTURE.acquire()
+            attachment = recording(self.model, self._recorder, strategy=self.strategy, ops=self.ops)
             self._progress.start()
             try:
-                self._fallbacks = attach(
-                    self.model, self._recorder, self._ledger, strategy=self.strategy, ops=self.ops, root_no_grad=True
-                )
+                self._fallbacks = attachment.__enter__()
             except BaseException:
-                self._ledger.restore()
                 self._progress.stop()
-                _ONE_CAPTURE.release()
-                _release(self.model)
                 raise
+            self._attachment = attachment
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
@@ -204,14 +205,12 @@ class Session:
             self._finish(exc)
         finally:
             self._progress.stop()
-            if self.recording:
-                _ONE_CAPTURE.release()
-                _release(self.model)
 
     def _finish(self, exc: BaseException | None) -> None:
         self._saving = True
         try:
-            self._ledger.restore()
+            if self._attachment is not None:
+                self._attachment.__exit__(None, None, None)  # every patch put back, the model released
         finally:
             self.trace = self._build_trace()
             unwritten = self._close_sink()
@@ -220,7 +219,7 @@ class Session:
         if self.directory is not None and self.recording:
             try:
                 self._settle_step_folders()
-                self.trace.save(self.directory)
+                save(self.trace, self.directory)
             # A boundary: with the forward's own exception in flight, a save that fails for any reason must not
             # replace it; without one, the save's error is re-raised as it is.
             except Exception as save_error:
@@ -255,7 +254,7 @@ class Session:
         if not lost or self.trace is None or self.directory is None:
             return
         steps = tuple(
-            without_files(step, lost.get(self.directory if self.flat else self.directory / f"step_{i}", set()))
+            without_files(step, lost.get(self.directory if self.single_call else self.directory / f"step_{i}", set()))
             for i, step in enumerate(self.trace.steps)
         )
         self.trace = dataclasses.replace(self.trace, steps=steps)
@@ -278,7 +277,7 @@ class Session:
     def _settle_step_folders(self) -> None:
         """A session that streamed values into step_0/ and ran one step moves them up into the directory."""
         assert self.trace is not None and self.directory is not None
-        if self.flat or not isinstance(self._sink, (SafetensorsSink, BundleSink)) or len(self.trace.steps) != 1:
+        if self.single_call or not isinstance(self._sink, (SafetensorsSink, BundleSink)) or len(self.trace.steps) != 1:
             return
         step0 = self.directory / "step_0"
         if step0.is_dir():
@@ -291,7 +290,7 @@ class Session:
         failed = self.trace.failed_call()
         if self.directory is not None and saved:
             where = f"saved to {self.directory}"
-        elif self.flat:
+        elif self.single_call:
             where = "kept on this exception's .graphtrace_trace"
         else:
             where = "kept in the session's .trace"
@@ -308,7 +307,7 @@ class Session:
             prune_layers=self.prune_layers,
             rank=self.rank,
             world_size=world_size(),
-            graphtrace_version=_version(),
+            graphtrace_version=__version__,
             torch_version=torch.__version__,
             created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         )
@@ -321,12 +320,6 @@ class Session:
             directory=directory,
             step_info=tuple(recorder.step_info),
         )
-
-
-def _version() -> str:
-    from graphtrace import __version__
-
-    return __version__
 
 
 @contextmanager
@@ -350,7 +343,7 @@ def tracing(
     says whether it was a prefill or a decoding step and what the key/value cache held after it. ``ranks`` chooses
     which ranks of a torch.distributed job record; ``modules`` and ``progress`` as :func:`capture`.
     """
-    session = _session(model, path, values, prune_layers, strategy, ops, ranks, modules, progress, flat=False)
+    session = _session(model, path, values, prune_layers, strategy, ops, ranks, modules, progress, single_call=False)
     with session:
         yield session
 
@@ -433,7 +426,7 @@ def capture(
     args, kwargs = normalize_inputs(inputs)
     if not isinstance(return_output, bool):
         raise InvalidOptionError(f"return_output must be True or False, got {return_output!r}.")
-    session = _session(model, path, values, prune_layers, strategy, ops, ranks, modules, progress, flat=True)
+    session = _session(model, path, values, prune_layers, strategy, ops, ranks, modules, progress, single_call=True)
     try:
         with session, torch.no_grad():
             output = model(*args, **kwargs)
@@ -444,6 +437,25 @@ def capture(
         raise
     assert session.trace is not None
     return (session.trace, output) if return_output else session.trace
+
+
+@contextmanager
+def recording(
+    model: nn.Module, recorder: Recorder, *, strategy: str = "eager", ops: bool = False, root_no_grad: bool = True
+) -> Iterator[dict[str, str]]:
+    """``model``'s calls reach ``recorder`` inside the block; yields the fx fallbacks (module path -> reason), filled
+    as the model runs. The one wiring of every capture (capture(), tracing(), the transformers shim): the model is
+    claimed for this thread, captures run one at a time, and every patch is put back on exit, also on error."""
+    _claim(model)
+    try:
+        with _ONE_CAPTURE:
+            ledger = PatchLedger()
+            try:
+                yield attach(model, recorder, ledger, strategy=strategy, ops=ops, root_no_grad=root_no_grad)
+            finally:
+                ledger.restore()
+    finally:
+        _release(model)
 
 
 _ONE_CAPTURE = threading.RLock()
@@ -535,7 +547,7 @@ def _session(
     modules: Any,
     progress: Any,
     *,
-    flat: bool,
+    single_call: bool,
 ) -> Session:
     check_model(model)
     _check_choice("values", values, get_args(Values))
@@ -559,7 +571,7 @@ def _session(
         prune_layers=prune_layers,
         strategy=strategy,
         ops=ops,
-        flat=flat,
+        single_call=single_call,
         recording_ranks=_check_ranks(ranks),
         rank_folders=not isinstance(ranks, int),
         modules=patterns,

@@ -27,10 +27,9 @@ from typing import Any
 
 from torch import nn
 
-from graphtrace.api import check_model
-from graphtrace.engine import PatchLedger, Recorder
+from graphtrace.api import check_model, recording
+from graphtrace.engine import Recorder
 from graphtrace.engine.distributed import current_rank
-from graphtrace.engine.eager import attach_eager
 from graphtrace.errors import InvalidOptionError, OutputPathError
 from graphtrace.io.spec_json import write_spec_files
 from graphtrace.io.tensors import ReprSink, SafetensorsSink
@@ -73,15 +72,11 @@ def model_addition_debugger_context(
     # Each call's files replace the last's. Repr lines of blocks that pruning drops are never formatted; safetensors
     # files are written for every block, as transformers writes them.
     recorder = Recorder(sink, on_step=write_step, keep_steps=False, prune_layers=prune and use_repr)
-    ledger = PatchLedger()
     try:
-        attach_eager(model, recorder, ledger, root_no_grad=False)
-        yield model
+        with recording(model, recorder, root_no_grad=False):  # transformers' context leaves grad mode alone
+            yield model
     finally:
-        try:
-            ledger.restore()
-        finally:
-            sink.close()
+        sink.close()
 
 
 def _debug_directory(debug_path: Any) -> Path:

@@ -12,24 +12,23 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Union
 
-if TYPE_CHECKING:  # pragma: no cover - imported lazily at run time to keep this module torch-free
+if TYPE_CHECKING:  # pragma: no cover - networkx is render's, imported there
     import os
 
     import networkx as nx
 
-    from graphtrace.coverage import Coverage
-
 __all__ = [
-    "map_tensors",
-    "without_files",
     "SCHEMA_VERSION",
     "CallKind",
     "CallNode",
+    "Coverage",
     "DTensorInfo",
+    "Services",
     "SourceLine",
     "Stats",
     "StepInfo",
@@ -37,9 +36,14 @@ __all__ = [
     "Trace",
     "TraceMeta",
     "Value",
+    "coverage_of",
     "is_layer_block",
     "iter_tensors",
+    "map_tensors",
+    "offer_services",
+    "services",
     "prune_layer_blocks",
+    "without_files",
 ]
 
 SCHEMA_VERSION = 1
@@ -350,48 +354,114 @@ class Trace:
 
     def coverage(self) -> Coverage:
         """How many module calls torch.fx served, and why the others were captured by forward wrapping."""
-        from graphtrace.coverage import coverage_of
-
         return coverage_of(self)
-
-    def first_nonfinite(self) -> CallNode | None:
-        """The first call, in the order calls returned, whose output holds NaN or Inf while its inputs are finite:
-        where non-finite values were made. None when there is none (see :mod:`graphtrace.compare.nonfinite`)."""
-        from graphtrace.compare.nonfinite import first_nonfinite
-
-        return first_nonfinite(self)
 
     def with_pruned_layers(self) -> Trace:
         """A copy in which every run of more than two layer blocks keeps only its first and last (as transformers)."""
         return dataclasses.replace(self, steps=tuple(prune_layer_blocks(step) for step in self.steps))
 
-    # Conveniences that delegate to the writers; imported lazily so that the data model stays a leaf of the imports.
+    # Conveniences served by the layers that own them (io, render, compare), which the package's top layer offers
+    # here on import (graphtrace/conveniences.py): the data model imports nothing above it.
     def save(self, directory: str | os.PathLike[str], *, graph: bool = True) -> list[str]:
-        """Write the trace into ``directory`` (see :func:`graphtrace.io.save_trace`) and, with ``graph``, its call
-        graph as ``{Class}_call_graph.svg`` and ``.dot``; returns the files written."""
-        from graphtrace.saving import save
+        """Write the trace into ``directory`` and, with ``graph``, its call graph as ``{Class}_call_graph.svg`` and
+        ``.dot``; returns the files written (:func:`graphtrace.save`)."""
+        return services().save(self, directory, graph=graph)
 
-        return save(self, directory, graph=graph)
+    def first_nonfinite(self) -> CallNode | None:
+        """The first call, in the order calls returned, whose output holds NaN or Inf while its inputs are finite:
+        where non-finite values were made; None when there is none (:func:`graphtrace.first_nonfinite`)."""
+        return services().first_nonfinite(self)
 
     def to_graph(self, **options: Any) -> nx.DiGraph:
-        """The call graph of a step as a networkx DiGraph: calls as nodes, nesting in ``parent``, data flow as edges.
-        Options (``step``, ``depth``, ``focus``, ``unfold``, ``max_boxes``) as :func:`graphtrace.render.call_graph`."""
-        from graphtrace.render import call_graph
-
-        return call_graph(self, **options)
+        """The call graph of a step as a networkx DiGraph (:func:`graphtrace.render.call_graph`, whose options
+        ``step``, ``depth``, ``focus``, ``unfold``, ``max_boxes`` it takes)."""
+        return services().call_graph(self, **options)
 
     def _repr_html_(self) -> str:
-        """Jupyter's view: summary, fx coverage and the call graph (see :func:`graphtrace.render.html`)."""
-        from graphtrace.render.html import trace_summary_html
-
-        return trace_summary_html(self)
+        """Jupyter's view: summary, fx coverage and the call graph (:mod:`graphtrace.render.html`)."""
+        return services().html(self)
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> Trace:
-        """Read a trace saved by graphtrace or written by transformers' ``model_addition_debugger_context``."""
-        from graphtrace.io.trace_files import load_trace
+        """Read a trace saved by graphtrace or written by transformers' debugger (:func:`graphtrace.load`)."""
+        return services().load(directory)
 
-        return load_trace(directory)
+
+class Services(Protocol):
+    """What the layers above the data model do with a trace, offered to its convenience methods by the package's
+    top layer (:func:`offer_services`), so that the data model needs no import of theirs."""
+
+    def save(self, trace: Trace, directory: str | os.PathLike[str], *, graph: bool = True) -> list[str]: ...
+    def load(self, directory: str | os.PathLike[str]) -> Trace: ...
+    def first_nonfinite(self, trace: Trace) -> CallNode | None: ...
+    def call_graph(self, trace: Trace, **options: Any) -> nx.DiGraph: ...
+    def html(self, value: Any) -> str: ...
+
+
+_SERVICES: list[Services] = []
+
+
+def offer_services(services: Services) -> None:
+    """Called once by ``graphtrace/conveniences.py`` when the package is imported."""
+    _SERVICES[:] = [services]
+
+
+def services() -> Services:
+    if not _SERVICES:  # only when graphtrace.model was loaded without its package, which Python never does
+        raise RuntimeError("graphtrace's conveniences are not loaded: import graphtrace")
+    return _SERVICES[0]
+
+
+# -- fx coverage: which calls torch.fx served -------------------------------------------------------------------------
+
+EAGER_STRATEGY = "strategy='eager'"
+RAISED = "the call raised"
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    """Module calls of a trace by capture strategy. ``eager`` counts the calls fx did not serve by reason: the
+    module's fallback reason, ``"strategy='eager'"`` for a trace captured without fx, ``"the call raised"``."""
+
+    module_calls: int
+    fx: int
+    eager: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def fraction(self) -> float:
+        """The share of module calls fx served (0 for a trace without calls)."""
+        return self.fx / self.module_calls if self.module_calls else 0.0
+
+    def summary(self) -> str:
+        """One line: ``fx served 41 of 45 module calls (91%); eager: 3 × Refused: ..., 1 × ...``."""
+        text = f"fx served {self.fx} of {self.module_calls} module calls ({self.fraction:.0%})"
+        if self.eager:
+            reasons = sorted(self.eager.items(), key=lambda item: (-item[1], item[0]))
+            text += "; eager: " + ", ".join(f"{count} × {reason}" for reason, count in reasons)
+        return text
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def coverage_of(trace: Trace) -> Coverage:
+    """The :class:`Coverage` of every step of ``trace``."""
+    fx = 0
+    eager: Counter[str] = Counter()
+    calls = 0
+    for node in trace.walk():
+        if node.kind != "module":
+            continue
+        calls += 1
+        if node.strategy == "fx":
+            fx += 1
+        elif trace.meta.strategy == "eager":
+            eager[EAGER_STRATEGY] += 1
+        elif node.path in trace.fallbacks:
+            eager[trace.fallbacks[node.path]] += 1
+        else:
+            eager[RAISED if node.error is not None else "not verified"] += 1
+    return Coverage(module_calls=calls, fx=fx, eager=dict(eager))
 
 
 _LAYER_SUFFIX = re.compile(r"(.*)\.(\d+)$")

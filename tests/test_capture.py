@@ -11,6 +11,7 @@ from torch import nn
 from torch._tensor_str import PRINT_OPTS
 
 import graphtrace
+import graphtrace.api as graphtrace_api
 from graphtrace.demo import demo_inputs, demo_model
 from graphtrace.errors import InvalidInputsError, InvalidModelError, InvalidOptionError, OutputPathError
 from graphtrace.model import TensorRecord
@@ -227,10 +228,10 @@ def test_a_failed_forward_without_path_hands_the_partial_trace_to_the_caller() -
 def test_a_save_that_fails_after_a_failed_forward_keeps_the_forwards_exception(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def disk_full(self: graphtrace.Trace, directory: object) -> None:
+    def disk_full(trace: graphtrace.Trace, directory: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(graphtrace.Trace, "save", disk_full)
+    monkeypatch.setattr(graphtrace_api, "save", disk_full)
     model = nn.Sequential(nn.Linear(2, 2), nn.Linear(3, 3))
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as raised:
         graphtrace.capture(model, torch.ones(1, 2), path=tmp_path)

@@ -13,9 +13,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.immutable_collections import immutable_list
 
+from graphtrace.engine.fx.containers import flatten, leaf_paths, unflatten
 from graphtrace.engine.fx.guard import Refused, ReplayGuard, TraceGuard, difference
 from graphtrace.engine.fx.signature import signature
-from graphtrace.engine.fx.structure import flatten, leaf_paths, unflatten
 from graphtrace.engine.fx.tracer import Plan, TraceContext, trace_module
 
 

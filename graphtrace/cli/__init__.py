@@ -21,7 +21,7 @@ _SUBCOMMANDS = ("demo", "capture", "show", "render", "view", "diff")
 
 
 def _parser() -> argparse.ArgumentParser:
-    from graphtrace import __version__
+    from graphtrace.version import __version__
 
     parser = argparse.ArgumentParser(
         prog="graphtrace",

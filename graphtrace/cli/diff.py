@@ -85,8 +85,8 @@ def console(stream: TextIO | None = None) -> Console:
 
 
 def run(args: argparse.Namespace) -> int:
-    from graphtrace.compare import compare
     from graphtrace.compare.text import report_text
+    from graphtrace.conveniences import compare
 
     comparison = compare(
         args.a,

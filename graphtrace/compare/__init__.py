@@ -1,9 +1,9 @@
 """Comparing two traces: which calls correspond, how far apart their tensors are, and where they first diverge.
 
-``compare(a, b)`` takes two saved traces (directories written by graphtrace or by transformers'
-``model_addition_debugger_context``) or :class:`~graphtrace.model.Trace` objects. A is the reference (the original
-implementation), B the candidate (the port, the changed model). Torch is imported only when both traces hold full
-values as safetensors files.
+``compare(a, b)`` takes two :class:`~graphtrace.model.Trace` objects; A is the reference (the original
+implementation), B the candidate (the port, the changed model). Full values are read through ``open_values``, which
+the caller hands in (``graphtrace.compare``, the package's top-level function, loads saved traces from their
+directories and opens their values through :mod:`graphtrace.io`; this package reads no file itself).
 
 Modules: :mod:`~graphtrace.compare.rules` (rename rules), :mod:`~graphtrace.compare.align` (matching calls),
 :mod:`~graphtrace.compare.measure` (tensor differences), :mod:`~graphtrace.compare.pairs` (one matched pair),
@@ -14,16 +14,14 @@ Modules: :mod:`~graphtrace.compare.rules` (rename rules), :mod:`~graphtrace.comp
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Sequence
-from pathlib import Path
-from typing import get_args
+from collections.abc import Callable, Sequence
+from typing import TypedDict, get_args
 
 from graphtrace.compare.align import AlignMode, align_calls, returned_order
 from graphtrace.compare.measure import TensorDiff, Tolerance
 from graphtrace.compare.nonfinite import first_nonfinite
 from graphtrace.compare.ops import OpLocus, locate_op
-from graphtrace.compare.pairs import CallDiff, StoredValues, diff_call, diff_fused
+from graphtrace.compare.pairs import CallDiff, OpenValues, StoredValues, ValueFiles, diff_call, diff_fused
 from graphtrace.compare.report import Comparison, Unmatched
 from graphtrace.compare.rules import RenameRule, parse_rules
 from graphtrace.errors import InvalidOptionError
@@ -32,6 +30,7 @@ from graphtrace.model import Trace
 __all__ = [
     "AlignMode",
     "CallDiff",
+    "CompareOptions",
     "Comparison",
     "RenameRule",
     "TensorDiff",
@@ -41,19 +40,20 @@ __all__ = [
     "first_nonfinite",
 ]
 
-TraceLike = Trace | str | os.PathLike[str]
 
-
-def _load(trace: TraceLike, which: str) -> tuple[Trace, str]:
-    if isinstance(trace, Trace):
-        return trace, trace.directory or trace.meta.model_class
-    if not isinstance(trace, (str, os.PathLike)):
+def _trace(trace: object, which: str, label: str | None) -> tuple[Trace, str]:
+    if not isinstance(trace, Trace):
         raise InvalidOptionError(
-            f"trace {which} must be a Trace or the path of a saved trace, got {type(trace).__name__}."
+            f"trace {which} must be a Trace, got {type(trace).__name__}; graphtrace.compare also takes the path of "
+            "a saved trace."
         )
-    from graphtrace.io.trace_files import load_trace
+    return trace, label or trace.directory or trace.meta.model_class
 
-    return load_trace(trace), str(trace)
+
+def _opener(open_values: OpenValues | None, trace: Trace, step: int) -> Callable[[], ValueFiles | None]:
+    if open_values is None:
+        return lambda: None
+    return lambda: open_values(trace, step)
 
 
 def _check_tolerance(name: str, value: float | None) -> None:
@@ -80,18 +80,23 @@ def _step_pairs(a: Trace, b: Trace, step: int | None) -> list[tuple[int | None, 
     return [(step % len(a.steps), step % len(b.steps))]
 
 
-def _step_dir(trace: Trace, step: int) -> Path | None:
-    if trace.directory is None:
-        return None
-    from graphtrace.io.trace_files import step_directory
+class CompareOptions(TypedDict, total=False):
+    """The options of :func:`compare`, as ``graphtrace.compare`` passes them on."""
 
-    return step_directory(Path(trace.directory), step, len(trace.steps))
+    rtol: float | None
+    atol: float | None
+    rules: Sequence[str]
+    align: AlignMode
+    step: int | None
+    strict: bool
 
 
 def compare(
-    a: TraceLike,
-    b: TraceLike,
+    a: Trace,
+    b: Trace,
     *,
+    open_values: OpenValues | None = None,
+    labels: tuple[str | None, str | None] = (None, None),
     rtol: float | None = None,
     atol: float | None = None,
     rules: Sequence[str] = (),
@@ -102,7 +107,10 @@ def compare(
     """Compare trace ``b`` against the reference ``a``, call by call.
 
     Args:
-        a, b: saved trace directories (or files), or Trace objects.
+        a, b: the traces (``graphtrace.load`` reads saved ones; ``graphtrace.compare`` takes paths too).
+        open_values: opens the stored values of a trace's step (see :data:`~graphtrace.compare.pairs.OpenValues`);
+            None compares statistics only.
+        labels: how the report names A and B (default: each trace's directory, or its model class).
         rtol, atol: tolerance, ``|b - a| <= atol + rtol * |a|``; None takes ``torch.testing.assert_close``'s
             default for each tensor's dtype.
         rules: rename rules ``"LEFT=RIGHT"`` mapping A's module names to B's, e.g.
@@ -121,8 +129,8 @@ def compare(
     if isinstance(rules, str):
         rules = [rules]
     compiled = parse_rules(rules)
-    trace_a, label_a = _load(a, "A")
-    trace_b, label_b = _load(b, "B")
+    trace_a, label_a = _trace(a, "A", labels[0])
+    trace_b, label_b = _trace(b, "B", labels[1])
     tolerance = Tolerance(rtol, atol)
     calls: list[CallDiff] = []
     only_a: list[Unmatched] = []
@@ -137,7 +145,9 @@ def compare(
             continue
         root_a, root_b = trace_a.steps[step_a], trace_b.steps[step_b]
         alignment = align_calls(root_a, root_b, rules=compiled, mode=align, tolerance=tolerance, used_rules=used)
-        stored = stores[step_a] = StoredValues(_step_dir(trace_a, step_a), _step_dir(trace_b, step_b))
+        stored = stores[step_a] = StoredValues(
+            _opener(open_values, trace_a, step_a), _opener(open_values, trace_b, step_b)
+        )
         order = {id(node): k for k, node in enumerate(returned_order(root_a))}
         matches = sorted(alignment.matches, key=lambda match: order[id(match.a)])
         step_calls = [diff_call(step_a, match, tolerance, stored) for match in matches]

@@ -4,24 +4,24 @@ Tensors pair by position first (``inputs_args_0`` with ``inputs_args_0``, ``outp
 ``outputs_logits``); what is left pairs in order among tensors of the same shape, so that a port passing
 ``hidden_states`` by keyword still compares with an original passing it positionally. Inputs left over stay apart
 (extra arguments, not a difference); outputs left over pair in order anyway, so that an output of the wrong shape
-is reported. Full values are loaded (through :mod:`graphtrace.io.tensors`) only when both traces hold files.
+is reported. Full values are loaded (through the :class:`ValueFiles` the caller opens) only when both traces hold files.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from graphtrace.compare.align import Match, MatchKind
 from graphtrace.compare.fused import FusedMatch, concatenated_record
 from graphtrace.compare.measure import Status, TensorDiff, Tolerance, measure, squeezed
 from graphtrace.errors import TraceFormatError
-from graphtrace.model import CallNode, TensorRecord
+from graphtrace.model import CallNode, TensorRecord, Trace
 
-__all__ = ["CallDiff", "StoredValues", "diff_call", "diff_fused"]
+__all__ = ["CallDiff", "OpenValues", "StoredValues", "ValueFiles", "diff_call", "diff_fused"]
 
 Named = tuple[str, TensorRecord]
 
@@ -104,39 +104,57 @@ def _pair(
     return pairs, [name for name, _ in unpaired_a[left:]], [name for name, _ in rest_b[left:]]
 
 
-class StoredValues:
-    """Where each trace's full values of one step live, read on demand: torch is imported only when a value is read,
-    and a bundle shard is opened once for all the tensors it holds."""
+class ValueFiles(Protocol):
+    """The full values of one step of a saved trace (``graphtrace.io.tensors.TensorFiles``): ``load`` reads the
+    tensor a record's ``file`` names."""
 
-    def __init__(self, dir_a: Path | None, dir_b: Path | None) -> None:
-        self.dirs = (dir_a, dir_b)
-        self._files: list[Any] = [None, None]
+    directory: Path
+
+    def load(self, file: str) -> Any: ...
+
+
+OpenValues = Callable[[Trace, int], "ValueFiles | None"]
+"""Opens the stored values of a trace's step; None when the trace keeps none on disk. Handed to
+:func:`graphtrace.compare.compare` by the layer that reads files (the package's top, through io)."""
+
+
+class StoredValues:
+    """Where each trace's full values of one step live, read on demand: the files are opened (and torch imported)
+    only when a value is read, and a bundle shard is opened once for all the tensors it holds."""
+
+    def __init__(self, open_a: Callable[[], ValueFiles | None], open_b: Callable[[], ValueFiles | None]) -> None:
+        self._open = (open_a, open_b)
+        self._files: list[ValueFiles | None] = [None, None]
+        self._opened = [False, False]
 
     def both(self, a: TensorRecord, b: TensorRecord) -> tuple[Any, Any] | None:
         """The values of ``a`` (trace A) and ``b`` (trace B), or None when either has no file."""
-        if self.dirs[0] is None or self.dirs[1] is None or not a.file or not b.file:
+        if not a.file or not b.file:
             return None
-        return self._load(0, a, "A"), self._load(1, b, "B")
+        files_a, files_b = self._files_of(0), self._files_of(1)
+        if files_a is None or files_b is None:
+            return None
+        return _load(files_a, a.file, "A"), _load(files_b, b.file, "B")
 
-    def _load(self, side: int, record: TensorRecord, where: str) -> Any:
-        directory = self.dirs[side]
-        assert directory is not None and record.file is not None
-        try:
-            files = self._files[side]
-            if files is None:
-                from graphtrace.io.tensors import TensorFiles  # imports torch: only when full values are compared
+    def _files_of(self, side: int) -> ValueFiles | None:
+        if not self._opened[side]:
+            self._files[side] = self._open[side]()
+            self._opened[side] = True
+        return self._files[side]
 
-                files = self._files[side] = TensorFiles(directory)
-            return files.load(record.file)
-        except TraceFormatError:
-            raise  # a reference leading out of the trace's directory: said as it is
-        # re-raised with context: a file that cannot be opened or parsed (OSError, safetensors' own SafetensorError,
-        # a header torch cannot map), named with the trace and the remedy
-        except Exception as exc:
-            raise TraceFormatError(
-                f"trace {where} refers to {record.file}, which cannot be read from {directory} "
-                f"({type(exc).__name__}: {exc}). Copy the trace directory with all its .safetensors files."
-            ) from exc
+
+def _load(files: ValueFiles, file: str, where: str) -> Any:
+    try:
+        return files.load(file)
+    except TraceFormatError:
+        raise  # a reference leading out of the trace's directory: said as it is
+    # re-raised with context: a file that cannot be opened or parsed (OSError, safetensors' own SafetensorError,
+    # a header torch cannot map), named with the trace and the remedy
+    except Exception as exc:
+        raise TraceFormatError(
+            f"trace {where} refers to {file}, which cannot be read from {files.directory} "
+            f"({type(exc).__name__}: {exc}). Copy the trace directory with all its .safetensors files."
+        ) from exc
 
 
 def _measure_pairs(

@@ -18,7 +18,7 @@ from typing import Any
 
 from graphtrace.compare.measure import STAT_NAMES, TensorDiff, Tolerance
 from graphtrace.compare.pairs import CallDiff
-from graphtrace.model import CallNode, Trace
+from graphtrace.model import CallNode, Trace, services
 
 __all__ = ["REPORT_FORMAT", "Comparison", "Divergence", "Unmatched", "first_divergence", "locate_divergence"]
 
@@ -210,11 +210,10 @@ class Comparison:
         return self.table()
 
     def _repr_html_(self) -> str:
-        """Jupyter's view: the verdict, the first divergence and the diverging calls (imported lazily from
-        :mod:`graphtrace.render.html`, which also makes the full page: ``graphtrace.to_html(comparison)``)."""
-        from graphtrace.render.html import comparison_summary_html
-
-        return comparison_summary_html(self)
+        """Jupyter's view: the verdict, the first divergence and the diverging calls, drawn by
+        :mod:`graphtrace.render.html` (offered through the data model's services; the full page is
+        ``graphtrace.to_html(comparison)``)."""
+        return services().html(self)
 
     def to_json(self) -> dict[str, Any]:
         """The whole report as a JSON-ready dict (non-finite numbers as ``"NaN"``, ``"Infinity"``)."""

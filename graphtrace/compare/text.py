@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from rich.cells import cell_len
 from rich.console import Console
@@ -18,8 +19,10 @@ from rich.text import Text
 
 from graphtrace.compare.align import relative_path
 from graphtrace.compare.pairs import CallDiff
-from graphtrace.compare.report import Comparison, Unmatched
 from graphtrace.model import Trace
+
+if TYPE_CHECKING:  # pragma: no cover - report.py imports this module to draw its table
+    from graphtrace.compare.report import Comparison, Unmatched
 
 __all__ = ["render_table", "report_text"]
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from graphtrace.engine.recorder import Recorder
+from graphtrace.engine.recorder import Frame, Recorder
 
 __all__ = ["PatchLedger", "attach_eager", "module_paths", "without_grad"]
 
@@ -89,6 +89,31 @@ def without_grad(forward: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+class CallWatcher(Protocol):
+    """What another engine adds around each recorded call (the fx engine, engine/fx/dispatch.py, replays the
+    module's graph beside it). The forward wrapper is the same for every engine; a watcher only hears the call."""
+
+    def passes_through(self) -> bool:
+        """Whether the forward runs unrecorded and unwatched (torch.fx tracing through it)."""
+        ...
+
+    def before(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The call is about to be recorded; returns what :meth:`start` needs (called even when nothing records)."""
+        ...
+
+    def start(self, before: Any, module: nn.Module, path: str, frame: Frame, args: Any, kwargs: Any) -> Any:
+        """The recorder has begun ``frame``; returns the watch of this call (raising marks the call as failed)."""
+        ...
+
+    def returned(self, watch: Any, module: nn.Module, path: str, output: Any) -> None:
+        """The real call returned ``output``; the recorder has not ended it yet."""
+        ...
+
+    def failed(self, watch: Any) -> None:
+        """The real call raised."""
+        ...
+
+
 def make_wrapper(
     recorder: Recorder,
     module: nn.Module,
@@ -97,8 +122,9 @@ def make_wrapper(
     *,
     root: bool,
     no_grad: bool,
+    watcher: CallWatcher | None = None,
 ) -> Callable[..., Any]:
-    """A forward that reports its call to ``recorder`` around ``forward``.
+    """A forward that reports its call to ``recorder`` around ``forward`` (and to ``watcher``, if any).
 
     Inputs are recorded before and outputs after the call, in the caller's grad mode (as transformers does); the
     call itself runs under ``torch.no_grad()`` when ``no_grad``.
@@ -108,20 +134,45 @@ def make_wrapper(
     begin, end, fail = recorder.begin, recorder.end, recorder.fail
     call = without_grad(forward) if no_grad else forward
 
-    @functools.wraps(forward)
-    def recording_forward(*args: Any, **kwargs: Any) -> Any:
+    if watcher is None:
+
+        def recording_forward(*args: Any, **kwargs: Any) -> Any:
+            frame = begin(path, type_name, leaf, args, kwargs, root=root)
+            try:
+                output = call(*args, **kwargs)
+            except BaseException as exc:
+                if frame is not None:
+                    fail(frame, exc)
+                raise
+            if frame is not None:
+                end(frame, output)
+            return output
+
+        return functools.wraps(forward)(recording_forward)
+
+    def watched_forward(*args: Any, **kwargs: Any) -> Any:
+        if watcher.passes_through():
+            return forward(*args, **kwargs)
+        before = watcher.before(module, args, kwargs)
         frame = begin(path, type_name, leaf, args, kwargs, root=root)
+        if frame is None:
+            return call(*args, **kwargs)
+        try:
+            watch = watcher.start(before, module, path, frame, args, kwargs)
+        except BaseException as exc:  # an interrupt while tracing: the call is marked, the trace kept
+            fail(frame, exc)
+            raise
         try:
             output = call(*args, **kwargs)
         except BaseException as exc:
-            if frame is not None:
-                fail(frame, exc)
+            watcher.failed(watch)
+            fail(frame, exc)
             raise
-        if frame is not None:
-            end(frame, output)
+        watcher.returned(watch, module, path, output)
+        end(frame, output)
         return output
 
-    return recording_forward
+    return functools.wraps(forward)(watched_forward)
 
 
 def attach_eager(

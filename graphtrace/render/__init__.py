@@ -13,9 +13,9 @@ from pathlib import Path
 
 from graphtrace.model import Trace
 from graphtrace.render.dot import FORMATS, INSTALL_HINT, to_dot, write_graph
-from graphtrace.render.flow import Flow, data_flow
 from graphtrace.render.graph import DEFAULT_MAX_BOXES, boxes, call_graph
 from graphtrace.render.html import to_html, write_html
+from graphtrace.render.step_flow import Flow, data_flow
 
 __all__ = [
     "DEFAULT_MAX_BOXES",

@@ -2,7 +2,7 @@
 
 Nodes are calls (module calls, and ops when recorded), keyed by call id (``path@index``). A call whose children are
 drawn is a *cluster* (``cluster=True``); every node names its enclosing cluster in ``parent``. Edges are data flow
-(:mod:`graphtrace.render.flow`), mapped onto the drawn nodes; ``inferred=True`` marks flow derived from call order.
+(:mod:`graphtrace.render.step_flow`), mapped onto the drawn nodes; ``inferred=True`` marks flow derived from call order.
 
 Three things keep the graph readable at any size:
 
@@ -26,7 +26,7 @@ import networkx as nx
 
 from graphtrace.errors import InvalidOptionError
 from graphtrace.model import CallNode, Trace, iter_tensors, numbered
-from graphtrace.render.flow import data_flow
+from graphtrace.render.step_flow import data_flow
 
 __all__ = ["DEFAULT_MAX_BOXES", "boxes", "call_graph"]
 

@@ -7,7 +7,7 @@ hooks untouched -- and runs the module's own forward. Beside it, the module's gr
 (traced on first sight, cached per module key and signature in the model's
 :class:`~graphtrace.engine.fx.plans.PlanStore`, across captures and identical instances) is replayed in lockstep
 (:class:`~graphtrace.engine.fx.replay.Replay`) the first time the plan is used in a capture; later calls of a plan
-verified in this capture are checked structurally (:class:`~graphtrace.engine.fx.structural.StructuralReplay`).
+verified in this capture are checked structurally (:class:`~graphtrace.engine.fx.structural_replay.StructuralReplay`).
 When the replay matches the real call bit for bit, the call is recorded as served by fx (``strategy="fx"``) with
 the graph's data flow (op records come from the op tier, engine/ops.py, for every engine alike). When the
 module cannot be traced, or its graph deviates once, that module and signature keep eager capture, and the reason
@@ -19,17 +19,16 @@ of eager capture whatever fx does; fx adds verified structure and never replaces
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Hashable
 from typing import Any
 
 from torch import nn
 
-from graphtrace.engine.eager import PatchLedger, is_leaf, module_paths, without_grad
+from graphtrace.engine.eager import PatchLedger, make_wrapper, module_paths
 from graphtrace.engine.fx.plans import PLANS_PER_MODULE, PlanStore, module_keys, store_for
-from graphtrace.engine.fx.replay import Replay
+from graphtrace.engine.fx.replay import Lockstep, Replay
 from graphtrace.engine.fx.signature import CONSTANT, Signature, signature
-from graphtrace.engine.fx.structural import StructuralReplay
+from graphtrace.engine.fx.structural_replay import StructuralReplay
 from graphtrace.engine.fx.tracer import Plan, TraceContext, trace_module
 from graphtrace.engine.recorder import Frame, Recorder
 from graphtrace.errors import describe_error
@@ -55,57 +54,50 @@ class FxEngine:
         self._failed: dict[tuple[Hashable, Hashable], str] = {}  # replays that deviated in this capture
         self._verified: dict[int, Plan] = {}  # plans replayed bit for bit in this capture
         self._forwards: dict[int, Callable[..., Any]] = {}
-        self._replays: list[Replay | StructuralReplay | None] = []
+        self._replays: list[Lockstep | None] = []
         self._tracing = 0
         self._context = TraceContext(self._store.fake_mode, self.plan_for)
 
     def wrap(
         self, module: nn.Module, path: str, forward: Callable[..., Any], *, root: bool, no_grad: bool
     ) -> Callable[..., Any]:
-        """A forward for ``module`` that records its calls and verifies them against its graph."""
-        type_name = type(module).__name__
-        leaf = is_leaf(module)
-        recorder = self.recorder
-        begin, end, fail = recorder.begin, recorder.end, recorder.fail
-        replays = self._replays
+        """A forward for ``module`` that records its calls (the eager engine's wrapper) and verifies them against its
+        graph (this engine, as the wrapper's :class:`~graphtrace.engine.eager.CallWatcher`)."""
         self._forwards[id(module)] = forward
+        return make_wrapper(self.recorder, module, path, forward, root=root, no_grad=no_grad, watcher=self)
 
-        call = without_grad(forward) if no_grad else forward
+    # -- the CallWatcher of every module's forward ----------------------------------------------------------------
 
-        def recording_forward(*args: Any, **kwargs: Any) -> Any:
-            if self._tracing:  # a trace reached this forward directly (``child.forward(x)``): let fx trace through
-                return forward(*args, **kwargs)
-            caller = replays[-1] if replays else None
-            if caller is not None:
-                caller.child_call(module, args, kwargs)
-            frame = begin(path, type_name, leaf, args, kwargs, root=root)
-            if frame is None:
-                return call(*args, **kwargs)
-            if caller is not None:
-                caller.child_begun(frame)
-            try:
-                replay, key = self._start_replay(module, path, args, kwargs, frame)
-            except BaseException as exc:  # an interrupt while tracing: the call is marked, the trace kept
-                fail(frame, exc)
-                raise
-            replays.append(replay)
-            try:
-                output = call(*args, **kwargs)
-            except BaseException as exc:
-                replays.pop()
-                if replay is not None:
-                    replay.abandon()
-                fail(frame, exc)
-                raise
-            replays.pop()
-            if replay is not None:
-                self._settle(replay, module, key, path, output)
-            if caller is not None:
-                caller.child_returned(output)
-            end(frame, output)
-            return output
+    def passes_through(self) -> bool:
+        return self._tracing > 0  # a trace reached a forward directly (``child.forward(x)``): fx traces through it
 
-        return functools.wraps(forward)(recording_forward)
+    def before(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        caller = self._replays[-1] if self._replays else None
+        if caller is not None:
+            caller.child_call(module, args, kwargs)
+        return caller
+
+    def start(self, before: Any, module: nn.Module, path: str, frame: Frame, args: Any, kwargs: Any) -> Any:
+        caller: Lockstep | None = before
+        if caller is not None:
+            caller.child_begun(frame)
+        replay, key = self._start_replay(module, path, args, kwargs, frame)
+        self._replays.append(replay)
+        return caller, replay, key
+
+    def returned(self, watch: Any, module: nn.Module, path: str, output: Any) -> None:
+        caller, replay, key = watch
+        self._replays.pop()
+        if replay is not None:
+            self._settle(replay, module, key, path, output)
+        if caller is not None:
+            caller.child_returned(output)
+
+    def failed(self, watch: Any) -> None:
+        _, replay, _ = watch
+        self._replays.pop()
+        if replay is not None:
+            replay.abandon()
 
     def tracing(self) -> bool:
         """Whether a module is being traced now: the forward code that runs is torch.fx's, not the model's call."""
@@ -145,7 +137,7 @@ class FxEngine:
 
     def _start_replay(
         self, module: nn.Module, path: str, args: tuple[Any, ...], kwargs: dict[str, Any], frame: Frame
-    ) -> tuple[Replay | StructuralReplay | None, Hashable]:
+    ) -> tuple[Lockstep | None, Hashable]:
         """The replay that verifies this call, and the signature it is cached under; no replay (and the reason in
         the fallbacks) when the module has no plan for it."""
         try:
@@ -165,9 +157,7 @@ class FxEngine:
             return StructuralReplay(module, plan, inputs, self.recorder, frame), call.key
         return Replay(module, plan, inputs, self.recorder, frame), call.key
 
-    def _settle(
-        self, replay: Replay | StructuralReplay, module: nn.Module, key: Hashable, path: str, output: Any
-    ) -> None:
+    def _settle(self, replay: Lockstep, module: nn.Module, key: Hashable, path: str, output: Any) -> None:
         if replay.finish(output):
             replay.frame.strategy = "fx"
             self._verified[id(replay.plan)] = replay.plan

@@ -29,7 +29,6 @@ import collections
 import contextlib
 import dis
 import gc
-import inspect
 import logging
 import os
 import sys
@@ -66,22 +65,23 @@ _ITEM_STORES = frozenset({"STORE_SUBSCR", "DELETE_SUBSCR", "STORE_ATTR", "DELETE
 _SIMPLE_LOADS = frozenset({"LOAD_FAST", "LOAD_CONST", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"})
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+"""graphtrace's own folder."""
+
+
 def _folders(*paths: str) -> tuple[str, ...]:
     return tuple(os.path.join(os.path.realpath(path), "") for path in paths)
 
 
 def _library_roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The folders of code that is not the model's (torch, graphtrace, the standard library), and the folders of
+    """The folders of code that is not the model's (the standard library, torch, graphtrace), and the folders of
     installed packages inside the standard library's folder (transformers or a port installed there is model code)."""
     import torch
 
-    import graphtrace
-
     paths = sysconfig.get_paths()
-    libraries = _folders(
-        paths["stdlib"], paths["platstdlib"], os.path.dirname(torch.__file__), os.path.dirname(graphtrace.__file__)
-    )
-    return libraries, _folders(paths["purelib"], paths["platlib"])
+    standard = _folders(paths["stdlib"], paths["platstdlib"])
+    ours = _folders(os.path.dirname(torch.__file__), _PACKAGE)
+    return standard + ours, _folders(paths["purelib"], paths["platlib"])
 
 
 _LIBRARY_ROOTS: tuple[tuple[str, ...], tuple[str, ...]] | None = None
@@ -255,7 +255,7 @@ class EffectWatch:
         if not user:
             if code is _LOGGING_HANDLE and _logged_by_user_code(frame):
                 self._abort(f"logs through {frame.f_locals.get('self')!r}")
-            if code in _nested_entries():
+            if _starts_a_capture(code):
                 caller = frame.f_back
                 while caller is not None and caller.f_code.co_filename.startswith(_ENTRY_PASSAGES):
                     caller = caller.f_back  # graphtrace's lazy names, contextlib for tracing()
@@ -309,15 +309,19 @@ class EffectWatch:
         return False
 
 
-def _nested_entries() -> frozenset[types.CodeType]:
-    """The code objects through which model code would start a capture of its own."""
-    global _NESTED_ENTRIES
-    if _NESTED_ENTRIES is None:
-        from graphtrace import api, compat
+_NESTED_ENTRIES = frozenset(
+    {
+        (os.path.join(_PACKAGE, "api.py"), "capture"),
+        (os.path.join(_PACKAGE, "api.py"), "tracing"),
+        (os.path.join(_PACKAGE, "compat.py"), "model_addition_debugger_context"),
+    }
+)
+"""The functions through which model code would start a capture of its own, by file and name (the engine imports
+nothing of the layer above it)."""
 
-        functions = (api.capture, api.tracing, compat.model_addition_debugger_context)
-        _NESTED_ENTRIES = frozenset(inspect.unwrap(function).__code__ for function in functions)
-    return _NESTED_ENTRIES
+
+_NESTED_NAMES = frozenset(name for _, name in _NESTED_ENTRIES)
 
 
-_NESTED_ENTRIES: frozenset[types.CodeType] | None = None
+def _starts_a_capture(code: types.CodeType) -> bool:
+    return code.co_name in _NESTED_NAMES and (os.path.abspath(code.co_filename), code.co_name) in _NESTED_ENTRIES

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -189,46 +189,70 @@ def difference(replayed: Any, actual: Any, where: str = "") -> str | None:
     dataclasses of the same type), by value (scalars, compared through their repr so that 0.0 and -0.0 differ) or by
     identity (any other object); else where they first differ."""
     if isinstance(replayed, torch.Tensor) or isinstance(actual, torch.Tensor):
-        if isinstance(replayed, torch.Tensor) and isinstance(actual, torch.Tensor) and _same_bits(replayed, actual):
-            return None
-        return f"tensor{where} differs"
+        return _tensor_difference(replayed, actual, where)
     if _plain(replayed) is not _plain(actual):
         return (
             f"{where or 'value'} is {_plain(replayed).__name__} in the graph, {_plain(actual).__name__} in the forward"
         )
     if isinstance(actual, (list, tuple)):
-        if len(replayed) != len(actual):
-            return f"{where or 'sequence'} has {len(replayed)} items in the graph, {len(actual)} in the forward"
-        for i, (r, a) in enumerate(zip(replayed, actual)):
-            found = difference(r, a, f"{where}[{i}]")
-            if found:
-                return found
-        return None
+        return _sequence_difference(replayed, actual, where)
     if isinstance(actual, dict):
-        if list(replayed) != list(actual):
-            return f"{where or 'mapping'} has keys {list(replayed)} in the graph, {list(actual)} in the forward"
-        for key in actual:
-            found = difference(replayed[key], actual[key], f"{where}[{key!r}]")
-            if found:
-                return found
-        return None
+        return _mapping_difference(replayed, actual, where)
     if replayed is actual:
         return None
     if dataclasses.is_dataclass(actual) and not isinstance(actual, type):
-        for item in dataclasses.fields(actual):
-            found = difference(getattr(replayed, item.name), getattr(actual, item.name), f"{where}.{item.name}")
-            if found:
-                return found
-        return None
-    if isinstance(actual, (bool, int, float, complex, str, bytes)) or actual is None:
-        same = repr(replayed) == repr(actual) or (
-            isinstance(actual, float) and math.isnan(actual) and math.isnan(replayed)
+        return _first_difference(
+            (getattr(replayed, item.name), getattr(actual, item.name), f"{where}.{item.name}")
+            for item in dataclasses.fields(actual)
         )
-        return None if same else f"{where or 'value'} is {replayed!r} in the graph, {actual!r} in the forward"
+    if isinstance(actual, _SCALARS) or actual is None:
+        return _scalar_difference(replayed, actual, where)
+    return _object_difference(replayed, actual, where)
+
+
+_SCALARS = (bool, int, float, complex, str, bytes)
+_VALUE_OBJECTS = (torch.dtype, torch.device, torch.Size, torch.layout, torch.memory_format, slice, range)
+
+
+def _first_difference(items: Iterable[tuple[Any, Any, str]]) -> str | None:
+    """The first difference among (replayed, actual, where) triples, compared lazily in order."""
+    for replayed, actual, where in items:
+        found = difference(replayed, actual, where)
+        if found:
+            return found
+    return None
+
+
+def _tensor_difference(replayed: Any, actual: Any, where: str) -> str | None:
+    if isinstance(replayed, torch.Tensor) and isinstance(actual, torch.Tensor) and _same_bits(replayed, actual):
+        return None
+    return f"tensor{where} differs"
+
+
+def _sequence_difference(replayed: Sequence[Any], actual: Sequence[Any], where: str) -> str | None:
+    if len(replayed) != len(actual):
+        return f"{where or 'sequence'} has {len(replayed)} items in the graph, {len(actual)} in the forward"
+    return _first_difference((r, a, f"{where}[{i}]") for i, (r, a) in enumerate(zip(replayed, actual)))
+
+
+def _mapping_difference(replayed: Mapping[Any, Any], actual: Mapping[Any, Any], where: str) -> str | None:
+    if list(replayed) != list(actual):
+        return f"{where or 'mapping'} has keys {list(replayed)} in the graph, {list(actual)} in the forward"
+    return _first_difference((replayed[key], actual[key], f"{where}[{key!r}]") for key in actual)
+
+
+def _scalar_difference(replayed: Any, actual: Any, where: str) -> str | None:
+    """Scalars by their repr, so that 0.0 and -0.0 differ; NaN equals NaN."""
+    if repr(replayed) == repr(actual) or (isinstance(actual, float) and math.isnan(actual) and math.isnan(replayed)):
+        return None
+    return f"{where or 'value'} is {replayed!r} in the graph, {actual!r} in the forward"
+
+
+def _object_difference(replayed: Any, actual: Any, where: str) -> str | None:
+    """Objects that are not the same: equal when they are values (a dtype, a size, a slice), else different."""
     try:
-        if type(replayed) in (torch.dtype, torch.device, torch.Size, torch.layout, torch.memory_format, slice, range):
-            if replayed == actual:
-                return None
+        if type(replayed) in _VALUE_OBJECTS and replayed == actual:
+            return None
     except (RuntimeError, TypeError, ValueError):  # a slice holding tensors or arrays: == has no single truth value
         pass  # compared by identity only; anything stranger is the replay's boundary (Replay._safely) to catch
     return f"{where or 'value'} is another {type(actual).__name__} object in the graph than in the forward"

@@ -1,11 +1,13 @@
 """Replaying a module's graph beside its real call, to verify the graph and to learn what only the graph knows.
 
 The real call runs the module's own forward (so its output, its children's calls and every recorded value are
-exactly those of eager capture). Its graph is replayed in lockstep by :class:`Replay`, a small
-:class:`torch.fx.Interpreter` subclass run as a generator: it computes the module's own operations up to the next
-``call_module`` node and stops there; when the real forward calls that child, the replay checks that it is the
-child the graph expected, with arguments equal bit for bit to those the graph computed, continues with the child's
-real output (the child runs once, for real), and at the end checks the forward's output the same way. A replay
+exactly those of eager capture). Its graph is replayed in lockstep by :class:`Replay`: a :class:`torch.fx.Interpreter`
+whose node execution it keeps (``call_function``, ``call_method``, ``fetch_args_kwargs_from_env``, ``fetch_attr``)
+but whose ``run`` loop it replaces by a generator, :meth:`Replay._run`, which computes the module's own operations
+up to the next ``call_module`` node and stops there; when the real forward calls that child, the replay checks
+that it is the child the graph expected, with arguments equal bit for bit to those the graph computed, continues
+with the child's real output (the child runs once, for real), and at the end checks the forward's output the same
+way. A replay
 that deviates anywhere, raises, or is refused by the :class:`~graphtrace.engine.fx.guard.ReplayGuard` fails, and
 the call counts as eager capture, with the reason.
 
@@ -17,13 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Generator, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import fx, nn
 
+from graphtrace.engine.fx.containers import flatten, unflatten
 from graphtrace.engine.fx.guard import Refused, ReplayGuard, difference, tensors_in
-from graphtrace.engine.fx.structure import flatten, unflatten
 from graphtrace.engine.fx.tracer import (
     META,
     STRUCTURAL_OPS,
@@ -35,7 +37,7 @@ from graphtrace.engine.fx.tracer import (
 from graphtrace.engine.recorder import Frame, Recorder
 from graphtrace.errors import describe_error
 
-__all__ = ["Replay", "nonconforming", "add_flows"]
+__all__ = ["Lockstep", "Replay", "add_flows", "nonconforming"]
 
 
 def _unique(ids: Iterable[str]) -> tuple[str, ...]:
@@ -64,13 +66,28 @@ class _Return:
         self.value = value
 
 
-class Replay(fx.Interpreter):
-    """One call of a module, replayed from its :class:`Plan` in lockstep with the real call (see module docs).
+class Lockstep(Protocol):
+    """How the fx engine (engine/fx/dispatch.py) walks a call beside its plan, whichever way it is checked: a
+    numeric :class:`Replay` on a plan's first call in a capture, a :class:`~graphtrace.engine.fx.structural_replay.
+    StructuralReplay` after. The engine calls :meth:`child_call`, :meth:`child_begun` and :meth:`child_returned`
+    around each child call of the real forward, then :meth:`finish` with its output (or :meth:`abandon` when it
+    raised); :attr:`failure` says why verification failed."""
 
-    The driver calls :meth:`child_call`,
-    :meth:`child_begun` and :meth:`child_returned` around each child call of the real forward, then :meth:`finish`
-    with its output; :attr:`failure` says why verification failed.
-    """
+    failure: str | None
+    plan: Plan
+    frame: Frame
+
+    def child_call(self, module: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None: ...
+    def child_begun(self, frame: Frame) -> None: ...
+    def child_returned(self, output: Any) -> None: ...
+    def finish(self, output: Any) -> bool: ...
+    def abandon(self) -> None: ...
+
+
+class Replay(fx.Interpreter):
+    """One call of a module, replayed from its :class:`Plan` in lockstep with the real call (see module docs); a
+    :class:`Lockstep`. Its own loop (:meth:`_run`) stands in for ``Interpreter.run``, which cannot stop between
+    nodes."""
 
     def __init__(
         self,

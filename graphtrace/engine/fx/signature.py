@@ -1,6 +1,6 @@
 """What a module's graph is specialised on: a call's :class:`Signature`, the key plans are cached under.
 
-A call's arguments are taken apart (:mod:`~graphtrace.engine.fx.structure`) into leaves of three kinds: tensors
+A call's arguments are taken apart (:mod:`~graphtrace.engine.fx.containers`) into leaves of three kinds: tensors
 (placeholders of the graph, keyed by type, dtype, device, layout, shape, strides and ``requires_grad``, since the
 trace makes their metadata concrete), constants (None, numbers, strings, dtypes, flags: part of the graph, keyed by
 value) and opaque objects (placeholders keyed by type: a cache, whose contents the graph never reads). A fake tensor
@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
+from graphtrace.engine.fx.containers import Structure, flatten
 from graphtrace.engine.fx.guard import dispatches_itself
-from graphtrace.engine.fx.structure import Structure, flatten
 
 __all__ = ["CONSTANT", "OPAQUE", "TENSOR", "Signature", "is_constant", "leaf_kind", "signature"]
 

@@ -41,12 +41,12 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.node import map_aggregate
 from torch.utils._python_dispatch import _disable_current_modes
 
+from graphtrace.engine.fx.containers import Structure, flatten, leaf_paths, unflatten
 from graphtrace.engine.fx.effects import EffectWatch, SideEffectAbort
-from graphtrace.engine.fx.flow import ChildCall, child_calls
+from graphtrace.engine.fx.graph_flow import ChildCall, child_calls
 from graphtrace.engine.fx.guard import TraceGuard, dispatches_itself
 from graphtrace.engine.fx.signature import CONSTANT, TENSOR, Signature, is_constant, leaf_kind
 from graphtrace.engine.fx.snapshot import restore, snapshot
-from graphtrace.engine.fx.structure import Structure, flatten, leaf_paths, unflatten
 from graphtrace.errors import describe_error
 
 __all__ = [

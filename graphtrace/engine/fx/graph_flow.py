@@ -2,7 +2,7 @@
 each ``call_module`` node, through any reshapes and arithmetic in between.
 
 A numerically verified replay learns the same thing as it runs (:class:`~graphtrace.engine.fx.replay.Replay`). A
-structural replay (:mod:`~graphtrace.engine.fx.structural`) does not compute, so it takes the flow from here and
+structural replay (:mod:`~graphtrace.engine.fx.structural_replay`) does not compute, so it takes the flow from here and
 resolves it against the call: an input stands for the calls that produced its tensors, a child call for the child's
 recorded call. Sources are kept in the order and with the deduplication the numeric replay uses, so both give the
 same ``inputs_from``.

@@ -5,8 +5,8 @@ The first call of a plan in a capture is replayed numerically (:class:`~graphtra
 :class:`StructuralReplay`: the real forward must call the children the graph calls, in the graph's order, each
 returning the structure (containers, constants, tensor shapes and dtypes) the graph was traced with, and return
 such an output itself. It computes nothing; the call's data flow is the graph's static flow
-(:mod:`~graphtrace.engine.fx.flow`) resolved against this call's inputs and child calls. A call that deviates falls
-back exactly as one that fails a numeric replay does.
+(:mod:`~graphtrace.engine.fx.graph_flow`) resolved against this call's inputs and child calls. A call that
+deviates falls back exactly as one that fails a numeric replay does.
 
 Why this is enough: the signature fixes every non-tensor argument and every tensor's metadata, the plan's key fixes
 the module's attributes, and the graph was verified bit for bit on the first call of this capture; what a later
@@ -21,10 +21,10 @@ from typing import Any
 
 from torch import nn
 
-from graphtrace.engine.fx.flow import CALL, ChildCall
+from graphtrace.engine.fx.containers import flatten
+from graphtrace.engine.fx.graph_flow import CALL, ChildCall
 from graphtrace.engine.fx.guard import tensors_in
 from graphtrace.engine.fx.replay import add_flows, nonconforming
-from graphtrace.engine.fx.structure import flatten
 from graphtrace.engine.fx.tracer import META, UNKNOWN, Plan
 from graphtrace.engine.recorder import Frame, Recorder
 
@@ -32,9 +32,8 @@ __all__ = ["StructuralReplay"]
 
 
 class StructuralReplay:
-    """One call of a module checked against its verified :class:`Plan` without computing; the same driver interface
-    as :class:`~graphtrace.engine.fx.replay.Replay` (``child_call``, ``child_begun``,
-    ``child_returned``, ``finish``, ``abandon``, ``failure``)."""
+    """One call of a module checked against its verified :class:`Plan` without computing: a
+    :class:`~graphtrace.engine.fx.replay.Lockstep`, as the numeric :class:`~graphtrace.engine.fx.replay.Replay`."""
 
     def __init__(self, module: nn.Module, plan: Plan, inputs: list[Any], recorder: Recorder, frame: Frame) -> None:
         self.module = module
