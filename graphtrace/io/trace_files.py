@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from graphtrace.errors import OutputPathError, TraceFormatError
+from graphtrace.files import replacing
 from graphtrace.io.safe_paths import check_model_class, inside, write_atomic
 from graphtrace.io.safetensors_format import split_reference
 from graphtrace.io.spec_json import FULL_SUFFIX, SUMMARY_SUFFIX, read_spec_file, write_spec_files
@@ -97,26 +98,56 @@ def save_trace(trace: Trace, directory: str | os.PathLike[str]) -> list[str]:
     full = trace
     if trace.meta.prune_layers:
         trace = trace.with_pruned_layers()
+    steps = len(trace.steps)
+    # every value file is found (and every reference checked) before anything is written
+    copies = [
+        _value_files(step, step_directory(source, i, steps), step_directory(target, i, steps)) if source else []
+        for i, step in enumerate(trace.steps)
+    ]
     written: list[Path] = []
     for i, step in enumerate(trace.steps):
-        out = step_directory(target, i, len(trace.steps))
+        out = step_directory(target, i, steps)
         out.mkdir(exist_ok=True)
         written += write_spec_files(step, out, trace.meta.model_class)
-        if source is None:
-            continue
-        from_dir = step_directory(source, i, len(trace.steps))
-        kept = referenced_files(step)
-        for file in sorted(kept | _bundle_indexes(from_dir, kept)):
-            src, dst = inside(from_dir, file), inside(out, file)  # a hostile reference reads and writes nowhere
+        for src, dst in copies[i]:
             if src != dst:
-                shutil.copyfile(src, dst)
+                _copy_value(src, dst)
             written.append(dst)
-        if from_dir.resolve() == out.resolve():
-            for file in referenced_files(full.steps[i]) - kept:
-                inside(from_dir, file).unlink(missing_ok=True)
+        if source is not None and step_directory(source, i, steps).resolve() == out.resolve():
+            for file in referenced_files(full.steps[i]) - referenced_files(step):
+                inside(out, file).unlink(missing_ok=True)
     own = target / f"{check_model_class(trace.meta.model_class)}{OWN_SUFFIX}"
     written.append(write_atomic(own, trace_text(trace)))
     return [str(path) for path in written]
+
+
+def _value_files(step: CallNode, from_dir: Path, out: Path) -> list[tuple[Path, Path]]:
+    """(source, target) of each value file ``step`` refers to, bundle indexes included. A reference is resolved
+    inside each directory (a hostile one reads and writes nowhere), and a file the trace refers to but lacks is the
+    trace's fault, said before anything is written."""
+    kept = referenced_files(step)
+    pairs = []
+    for file in sorted(kept | _bundle_indexes(from_dir, kept)):
+        src, dst = inside(from_dir, file), inside(out, file)
+        if src != dst and not src.is_file():
+            raise TraceFormatError(
+                f"the trace refers to {file}, which is missing from {str(from_dir)!r}; copy the trace directory "
+                "with all its .safetensors files."
+            )
+        pairs.append((src, dst))
+    return pairs
+
+
+def _copy_value(source: Path, target: Path) -> None:
+    """Copy a value file whole or not at all (OutputPathError when it cannot be written)."""
+    try:
+        with replacing(target) as temporary:
+            shutil.copyfile(source, temporary)
+    except OSError as exc:
+        raise OutputPathError(
+            f"cannot copy {source.name} into {str(target.parent)!r}: {exc.strerror or exc}. Free some space or "
+            "choose another directory."
+        ) from exc
 
 
 def find_trace_file(path: str | os.PathLike[str]) -> Path:

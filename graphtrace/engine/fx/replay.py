@@ -302,5 +302,5 @@ def nonconforming(expected: Any, actual: Any) -> str | None:
             if type(got) is not type(want.value):
                 return "another object"
         elif difference(want, got) is not None:
-            return f"{got!r} rather than {want!r}"
+            return f"another constant ({got!r}, traced with {want!r})"
     return None
