@@ -25,8 +25,9 @@ from typing import Any
 from torch import nn
 
 from graphtrace.engine.eager import PatchLedger, make_wrapper, module_paths
+from graphtrace.engine.fx.lockstep import Lockstep
 from graphtrace.engine.fx.plans import PLANS_PER_MODULE, PlanStore, module_keys, store_for
-from graphtrace.engine.fx.replay import Lockstep, Replay
+from graphtrace.engine.fx.replay import Replay
 from graphtrace.engine.fx.signature import CONSTANT, Signature, signature
 from graphtrace.engine.fx.structural_replay import StructuralReplay
 from graphtrace.engine.fx.tracer import Plan, TraceContext, trace_module

@@ -17,15 +17,15 @@ any reshapes and arithmetic in between. (Op records come from the op tier, engin
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Generator, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import fx, nn
 
 from graphtrace.engine.fx.containers import flatten, unflatten
 from graphtrace.engine.fx.guard import Refused, ReplayGuard, difference, tensors_in
+from graphtrace.engine.fx.lockstep import END, Lockstep
 from graphtrace.engine.fx.tracer import (
     META,
     STRUCTURAL_OPS,
@@ -37,7 +37,7 @@ from graphtrace.engine.fx.tracer import (
 from graphtrace.engine.recorder import Frame, Recorder
 from graphtrace.errors import describe_error
 
-__all__ = ["Lockstep", "Replay", "add_flows", "nonconforming"]
+__all__ = ["Replay", "nonconforming"]
 
 
 def _unique(ids: Iterable[str]) -> tuple[str, ...]:
@@ -66,28 +66,10 @@ class _Return:
         self.value = value
 
 
-class Lockstep(Protocol):
-    """How the fx engine (engine/fx/dispatch.py) walks a call beside its plan, whichever way it is checked: a
-    numeric :class:`Replay` on a plan's first call in a capture, a :class:`~graphtrace.engine.fx.structural_replay.
-    StructuralReplay` after. The engine calls :meth:`child_call`, :meth:`child_begun` and :meth:`child_returned`
-    around each child call of the real forward, then :meth:`finish` with its output (or :meth:`abandon` when it
-    raised); :attr:`failure` says why verification failed."""
-
-    failure: str | None
-    plan: Plan
-    frame: Frame
-
-    def child_call(self, module: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None: ...
-    def child_begun(self, frame: Frame) -> None: ...
-    def child_returned(self, output: Any) -> None: ...
-    def finish(self, output: Any) -> bool: ...
-    def abandon(self) -> None: ...
-
-
-class Replay(fx.Interpreter):
-    """One call of a module, replayed from its :class:`Plan` in lockstep with the real call (see module docs); a
-    :class:`Lockstep`. Its own loop (:meth:`_run`) stands in for ``Interpreter.run``, which cannot stop between
-    nodes."""
+class Replay(Lockstep, fx.Interpreter):
+    """One call of a module, replayed from its :class:`Plan` in lockstep with the real call (see module docs): the
+    shared :class:`~graphtrace.engine.fx.lockstep.Lockstep` walk, reaching each child call by computing the graph up
+    to it. Its own loop (:meth:`_run`) stands in for ``Interpreter.run``, which cannot stop between nodes."""
 
     def __init__(
         self,
@@ -97,48 +79,18 @@ class Replay(fx.Interpreter):
         recorder: Recorder,
         frame: Frame,
     ) -> None:
-        super().__init__(module, garbage_collect_values=False, graph=plan.graph)
+        Lockstep.__init__(self, module, plan, frame)
+        fx.Interpreter.__init__(self, module, garbage_collect_values=False, graph=plan.graph)
         self.name = "graphtrace.Replay"
-        self.plan = plan
         self.recorder = recorder
-        self.frame = frame
-        self.failure: str | None = None
         self.guard = ReplayGuard()
         self._sources: dict[fx.Node, tuple[str, ...]] = {}
-        self._child_flows: list[tuple[int, tuple[str, ...]]] = []
-        self._expected: _Call | None = None
-        self._pending: Any = None
+        self._step: _Call | _Return | None = None
         self._steps = self._run(inputs)
 
-    # -- the driver's side ------------------------------------------------------------------------------------------
+    # -- the walk's steps -------------------------------------------------------------------------------------------
 
-    def child_call(self, module: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
-        """The real forward is about to call ``module``: replay up to the matching node and compare."""
-        if self.failure is None:
-            self._safely(self._child_call, module, args, kwargs)
-
-    def child_begun(self, frame: Frame) -> None:
-        """The child's call was recorded as ``frame``: its graph inputs become its data flow."""
-        if self.failure is None and self._expected is not None:
-            node = self._expected.node
-            flow = _unique(source for used in node.all_input_nodes for source in self._sources.get(used, ()))
-            self._child_flows.append((len(self.frame.children), flow))
-            self._sources[node] = (frame.id,)
-
-    def child_returned(self, output: Any) -> None:
-        if self.failure is None:
-            self._pending = output
-
-    def finish(self, output: Any) -> bool:
-        """The real forward returned ``output``: replay to the end and compare. True when verified."""
-        return self.failure is None and bool(self._safely(self._finish, output))
-
-    def abandon(self) -> None:
-        """The real call raised: nothing is verified."""
-        if self.failure is None:
-            self._fail("the call raised")
-
-    def _safely(self, method: Any, *args: Any) -> Any:
+    def _guarded(self, method: Any, *args: Any) -> Any:
         try:
             return method(*args)
         # A boundary: this runs inside the user's forward; whatever goes wrong verifying it (graphtrace's own
@@ -147,50 +99,47 @@ class Replay(fx.Interpreter):
             self._fail(describe_error(exc))
             return None
 
-    def _child_call(self, module: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
-        step = self._advance()
+    def _next_node(self) -> Any:
+        step = self._step = self._advance()
         if step is None:
-            return
-        if not isinstance(step, _Call):
-            self._fail(f"Mismatch: the forward calls {type(module).__name__} after the graph's last child call")
-            return
-        if step.module is not module:
-            self._fail(f"Mismatch: the forward calls {type(module).__name__} where the graph calls {step.node.target}")
-            return
+            return None
+        return step.node if isinstance(step, _Call) else END
+
+    def _accept(self, node: fx.Node, module: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+        step = self._step
+        assert isinstance(step, _Call)
         found = difference((step.args, step.kwargs), (tuple(args), dict(kwargs)))
         if found is not None:
-            self._fail(f"Mismatch: the input of {step.node.target}: {found}")
-            return
+            self._fail(f"Mismatch: the input of {node.target}: {found}")
+            return False
         # From here on the replay works on the very objects the child receives, so that what the child does to
         # them (an in-place activation) is seen by both.
-        self._substitute(step.node.args, args)
-        self._substitute(step.node.kwargs, kwargs)
+        self._substitute(node.args, args)
+        self._substitute(node.kwargs, kwargs)
         self.guard.protect((args, dict(kwargs)))
-        self._expected = step
-
-    def _finish(self, output: Any) -> bool:
-        step = self._advance()
-        if step is None:
-            return False
-        if not isinstance(step, _Return):
-            self._fail(f"Mismatch: the graph calls {step.node.target}, the forward does not")
-            return False
-        found = difference(unflatten(list(step.value), self.plan.output), output)
-        if found is not None:
-            self._fail(f"Mismatch: the output: {found}")
-            return False
-        self._steps.close()
-        add_flows(self.frame, self._child_flows)
         return True
 
+    def _flow_into(self, node: fx.Node) -> tuple[str, ...]:
+        return _unique(source for used in node.all_input_nodes for source in self._sources.get(used, ()))
+
+    def _begun(self, node: fx.Node, frame: Frame) -> None:
+        self._sources[node] = (frame.id,)
+
+    def _output_difference(self, output: Any) -> str | None:
+        step = self._step
+        assert isinstance(step, _Return)
+        return difference(unflatten(list(step.value), self.plan.output), output)
+
+    def _verified(self) -> None:
+        self._steps.close()
+
     def _fail(self, reason: str) -> None:
-        if self.failure is None:
-            self.failure = reason
+        super()._fail(reason)
         self._steps.close()
         self.env.clear()
 
     def _advance(self) -> _Call | _Return | None:
-        pending, self._pending = self._pending, None
+        pending = self._take_returned()
         try:
             with torch.no_grad():
                 return self._steps.send(pending)
@@ -255,19 +204,6 @@ class Replay(fx.Interpreter):
             value = getattr(self, node.op)(node.target, args, kwargs)
         self._sources[node] = _unique(s for used in node.all_input_nodes for s in self._sources.get(used, ()))
         return value
-
-
-def add_flows(frame: Frame, flows: Iterable[tuple[int, tuple[str, ...]]]) -> None:
-    """A verified graph's data flow into each child call of ``frame`` (by position among its children), added to
-    what eager capture saw. A structural frame (outside the selected modules) drops children: no flow by position."""
-    if frame.structural:
-        return
-    children = frame.children
-    for position, flow in flows:
-        child = children[position]
-        extra = tuple(source for source in flow if source not in child.inputs_from)
-        if extra:
-            children[position] = dataclasses.replace(child, inputs_from=child.inputs_from + extra)
 
 
 def _reads_from(node: fx.Node, external: set[fx.Node]) -> bool:
