@@ -3,7 +3,8 @@ docs/compare.md.
 
     python -m benchmarks.compare_ports [--markdown FILE]
 
-The ports (tests/independent_llama.py, tests/independent_gpt2.py) are written in styles unlike transformers' and
+The ports (tests/independent_llama.py, tests/independent_gpt2.py, tests/independent_vit.py) are written in styles
+unlike transformers' and
 take their weights from small transformers models with random weights. For every case (a faithful port, or one
 injected bug) and every value mode (``safetensors``, ``bundle``, and the default ``repr``, which compares by
 statistics), the original and the port are captured and compared without rename rules and with them. A faithful
@@ -22,28 +23,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import graphtrace  # noqa: E402
-from tests import independent_gpt2, independent_llama  # noqa: E402
-from tests.independent_cases import CASES, FAITHFUL, MODES  # noqa: E402
+from tests import independent_gpt2, independent_llama, independent_vit  # noqa: E402
+from tests.independent_cases import CASES, FAITHFUL, MODES, VIT_CASES  # noqa: E402
 
 
 def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fused: bool) -> torch.nn.Module:
     if arch == "llama":
         return independent_llama.port_of(originals["llama"], fused=fused, bug=bug)
+    if arch == "vit":
+        return independent_vit.port_of(originals["vit"], bug=bug)
     return independent_gpt2.port_of(originals["gpt2"], bug=bug)
 
 
 def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, bool]]:
     """Rows (case, mode, map, named, expected, ok)."""
-    originals = {"llama": independent_llama.hf_llama(), "gpt2": independent_gpt2.hf_gpt2()}
-    rules = {"llama": independent_llama.RULES, "gpt2": independent_gpt2.RULES}
+    originals = {
+        "llama": independent_llama.hf_llama(),
+        "gpt2": independent_gpt2.hf_gpt2(),
+        "vit": independent_vit.hf_vit(),
+    }
+    rules = {"llama": independent_llama.RULES, "gpt2": independent_gpt2.RULES, "vit": independent_vit.RULES}
     token_ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
-    cases = [(arch, None, fused, None) for arch, fused in FAITHFUL] + list(CASES)
+    pixels = independent_vit.pixels()
+    inputs = {arch: ({"input_ids": token_ids}, (token_ids,)) for arch in ("llama", "gpt2")}
+    inputs["vit"] = ({"pixel_values": pixels}, (pixels,))
+    cases = [(arch, None, fused, None) for arch, fused in (*FAITHFUL, ("vit", False))] + list(CASES) + VIT_CASES
     rows = []
     for values in MODES:
         for arch in originals:
             original = work / f"{arch}-{values}"
             try:
-                graphtrace.capture(originals[arch], {"input_ids": token_ids}, path=original, values=values, ops=ops)
+                graphtrace.capture(originals[arch], inputs[arch][0], path=original, values=values, ops=ops)
             except Exception as exc:  # the cases it leaves unscored show it
                 print(f"capturing the original {arch} with values={values} failed: {exc}", file=sys.stderr)
         for arch, bug, fused, expected in cases:
@@ -53,14 +63,14 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
                 try:
                     if not port.exists():
                         model = _port(originals, arch, bug, fused)
-                        graphtrace.capture(model, (token_ids,), path=port, values=values, ops=ops)
+                        graphtrace.capture(model, inputs[arch][1], path=port, values=values, ops=ops)
                     result = graphtrace.compare(work / f"{arch}-{values}", port, rules=rules[arch] if mapped else ())
                 except Exception as exc:  # a version that cannot capture or compare a case scores it as missed
                     named = f"error: {type(exc).__name__}"
                 else:
                     first = result.first_divergence
                     named = "equal" if result.equal else (first.b.path.partition(".")[2] if first else "?")
-                want = expected or "equal"
+                want = "equal" if expected is None else expected
                 rows.append((name, values, "yes" if mapped else "no", named, want, named == want))
     return rows
 

@@ -25,3 +25,13 @@ CASES = [
     ("gpt2", "bf16_attention", False, "h.0.attn"),
 ]
 FAITHFUL = [("llama", False), ("llama", True), ("gpt2", False)]
+
+# the timm-style ViT (tests/independent_vit.py) against transformers' ViTForImageClassification; "" is the model's
+# own code (the class token's position embedding is added there)
+VIT_CASES = [
+    ("vit", "scale_1_over_d", False, "blocks.0.attn"),
+    ("vit", "qkv_order", False, "blocks.1.attn"),
+    ("vit", "tanh_gelu", False, "blocks.2.mlp.act"),
+    ("vit", "cls_without_position", False, ""),
+    ("vit", "qkv_without_bias", False, "blocks.1.attn.qkv"),
+]

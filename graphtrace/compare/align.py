@@ -17,7 +17,7 @@ Three ways, tried in this order (``mode="auto"``):
 from __future__ import annotations
 
 import bisect
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -111,7 +111,7 @@ def _by_path(
 class _Signature:
     """What structural alignment looks at in one call."""
 
-    __slots__ = ("node", "key", "first_out", "out_shapes", "n_inputs", "probe")
+    __slots__ = ("node", "key", "first_out", "out_shapes", "n_inputs", "probe", "in_probe", "child_types")
 
     def __init__(self, node: CallNode) -> None:
         self.node = node
@@ -119,6 +119,10 @@ class _Signature:
         first_in = inputs[0].shape if inputs else None
         self.key = (node.kind, node.leaf, first_in)
         self.n_inputs = len(inputs)
+        # a container's make-up: the kinds of module it calls (a block calls two norms, an attention, an MLP), which
+        # tells a block from the attention inside it, or from the list that runs the blocks, when values cannot
+        self.child_types = Counter(child.type_name for child in node.children if child.kind == "module")
+        self.in_probe = StatPoint.of(inputs[0]) if inputs and not node.leaf else None
         if node.outputs is None:  # a container in transformers' format, or a call that raised: outputs unknown
             self.first_out: TensorRecord | None = None
             self.out_shapes: tuple[tuple[int, ...], ...] | None = None
@@ -152,13 +156,23 @@ class _Scorer:
         if x.n_inputs == y.n_inputs:
             score += 1
 
-        if x.probe is not None and y.probe is not None:
-            dtypes = (x.probe.dtype, y.probe.dtype)
-            if dtypes not in self.tolerances:
-                self.tolerances[dtypes] = self.tolerance.for_dtypes(*dtypes)
-            if x.probe.close_to(y.probe, *self.tolerances[dtypes]):
-                score += 4
+        if self._close(x.probe, y.probe):
+            score += 4
+        if x.child_types and y.child_types:
+            # after a divergence no statistic agrees: what the containers are made of, and what they were given
+            # (a block and its first sublayer's input differ by a norm), still tell them apart
+            score += min(2, sum((x.child_types & y.child_types).values()))
+            if self._close(x.in_probe, y.in_probe):
+                score += 2
         return score
+
+    def _close(self, x: StatPoint | None, y: StatPoint | None) -> bool:
+        if x is None or y is None:
+            return False
+        dtypes = (x.dtype, y.dtype)
+        if dtypes not in self.tolerances:
+            self.tolerances[dtypes] = self.tolerance.for_dtypes(*dtypes)
+        return x.close_to(y, *self.tolerances[dtypes])
 
 
 def _bands(n: int, m: int) -> list[tuple[int, int]]:
