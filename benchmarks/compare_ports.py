@@ -3,8 +3,8 @@ docs/compare.md.
 
     python -m benchmarks.compare_ports [--markdown FILE]
 
-The ports (tests/independent_llama.py, tests/independent_gpt2.py, tests/independent_vit.py) are written in styles
-unlike transformers' and
+The ports (tests/independent_llama.py, tests/independent_gpt2.py, tests/independent_vit.py,
+tests/independent_bert.py) are written in styles unlike transformers' and
 take their weights from small transformers models with random weights. For every case (a faithful port, or one
 injected bug) and every value mode (``safetensors``, ``bundle``, and the default ``repr``, which compares by
 statistics), the original and the port are captured and compared without rename rules and with them. A faithful
@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import graphtrace  # noqa: E402
-from tests import independent_gpt2, independent_llama, independent_vit  # noqa: E402
-from tests.independent_cases import CASES, FAITHFUL, MODES, VIT_CASES  # noqa: E402
+from tests import independent_bert, independent_gpt2, independent_llama, independent_vit  # noqa: E402
+from tests.independent_cases import BERT_CASES, CASES, FAITHFUL, MODES, VIT_CASES  # noqa: E402
 
 
 def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fused: bool) -> torch.nn.Module:
@@ -32,6 +32,8 @@ def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fus
         return independent_llama.port_of(originals["llama"], fused=fused, bug=bug)
     if arch == "vit":
         return independent_vit.port_of(originals["vit"], bug=bug)
+    if arch == "bert":
+        return independent_bert.port_of(originals["bert"], bug=bug)
     return independent_gpt2.port_of(originals["gpt2"], bug=bug)
 
 
@@ -41,13 +43,22 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "llama": independent_llama.hf_llama(),
         "gpt2": independent_gpt2.hf_gpt2(),
         "vit": independent_vit.hf_vit(),
+        "bert": independent_bert.hf_bert(),
     }
-    rules = {"llama": independent_llama.RULES, "gpt2": independent_gpt2.RULES, "vit": independent_vit.RULES}
+    rules = {
+        "llama": independent_llama.RULES,
+        "gpt2": independent_gpt2.RULES,
+        "vit": independent_vit.RULES,
+        "bert": independent_bert.RULES,
+    }
     token_ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
     pixels = independent_vit.pixels()
     inputs = {arch: ({"input_ids": token_ids}, (token_ids,)) for arch in ("llama", "gpt2")}
     inputs["vit"] = ({"pixel_values": pixels}, (pixels,))
-    cases = [(arch, None, fused, None) for arch, fused in (*FAITHFUL, ("vit", False))] + list(CASES) + VIT_CASES
+    bert_ids = independent_bert.token_ids()
+    inputs["bert"] = ({"input_ids": bert_ids}, (bert_ids,))
+    faithful = (*FAITHFUL, ("vit", False), ("bert", False))
+    cases = [(arch, None, fused, None) for arch, fused in faithful] + list(CASES) + VIT_CASES + BERT_CASES
     rows = []
     for values in MODES:
         for arch in originals:
@@ -84,7 +95,8 @@ def table(rows: list[tuple[str, str, str, str, str, bool]]) -> str:
     lines = [f"| case | expected | {header} |", "|---|---|" + "---|" * len(columns)]
     for case, expected in cases:
         cells = " | ".join(cell[(case, values, mapped)] for values, mapped in columns)
-        lines.append(f"| {case} | `{expected}` | {cells} |")
+        named = f"`{expected}`" if expected else "the model's own code"
+        lines.append(f"| {case} | {named} | {cells} |")
     hits = sum(ok for *_, ok in rows)
     lines.append(f"\n**{hits} of {len(rows)}** right")
     return "\n".join(lines)

@@ -35,3 +35,14 @@ VIT_CASES = [
     ("vit", "cls_without_position", False, ""),
     ("vit", "qkv_without_bias", False, "blocks.1.attn.qkv"),
 ]
+
+# a from-scratch BERT encoder (tests/independent_bert.py) against transformers' BertModel: its blocks keep the
+# residuals and post-norms that transformers puts inside BertSelfOutput and BertOutput, so its attention and MLP have
+# no counterpart of the same extent
+BERT_CASES = [
+    ("bert", "no_token_types", False, "embed"),
+    ("bert", "norm_before_residual", False, "layers.1"),
+    ("bert", "tanh_gelu", False, "layers.0.mlp"),
+    ("bert", "pooler_relu", False, "pool"),
+    ("bert", "scale_1_over_d", False, "layers.2.attn"),
+]

@@ -15,6 +15,7 @@ import torch
 import graphtrace
 from tests import independent_vit
 from tests.independent_cases import VIT_CASES
+from tests.port_traces import port_traces
 
 
 @pytest.fixture(scope="module")
@@ -25,21 +26,10 @@ def original() -> torch.nn.Module:
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory: pytest.TempPathFactory, original: torch.nn.Module) -> Callable[..., tuple[Path, Path]]:
     """(original, port) trace directories, captured once per (bug, mode)."""
-    root = tmp_path_factory.mktemp("vit")
     pixels = independent_vit.pixels()
-    done: dict[tuple[str | None, str], tuple[Path, Path]] = {}
-
-    def get(bug: str | None, values: str) -> tuple[Path, Path]:
-        if (bug, values) not in done:
-            reference = root / f"original-{values}"
-            if not reference.exists():
-                graphtrace.capture(original, {"pixel_values": pixels}, path=reference, values=values)
-            port = root / f"{bug}-{values}"
-            graphtrace.capture(independent_vit.port_of(original, bug), (pixels,), path=port, values=values)
-            done[(bug, values)] = (reference, port)
-        return done[(bug, values)]
-
-    return get
+    return port_traces(
+        tmp_path_factory.mktemp("vit"), original, {"pixel_values": pixels}, independent_vit.port_of, (pixels,)
+    )
 
 
 def test_the_port_is_faithful_and_each_bug_changes_the_logits(original: torch.nn.Module) -> None:

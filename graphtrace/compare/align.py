@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from graphtrace.compare.fused import FusedMatch, find_fused
 from graphtrace.compare.measure import StatPoint, Tolerance
 from graphtrace.compare.rules import RenameRule, apply_rules
-from graphtrace.model import CallNode, TensorRecord
+from graphtrace.model import CallNode, TensorRecord, numbered
 
 __all__ = ["AlignMode", "Alignment", "Match", "MatchKind", "align_calls", "relative_path", "returned_order"]
 
@@ -111,7 +111,7 @@ def _by_path(
 class _Signature:
     """What structural alignment looks at in one call."""
 
-    __slots__ = ("node", "key", "first_out", "out_shapes", "n_inputs", "probe", "in_probe", "child_types")
+    __slots__ = ("node", "key", "first_out", "out_shapes", "n_inputs", "probe", "in_probe", "child_types", "size")
 
     def __init__(self, node: CallNode) -> None:
         self.node = node
@@ -123,6 +123,7 @@ class _Signature:
         # tells a block from the attention inside it, or from the list that runs the blocks, when values cannot
         self.child_types = Counter(child.type_name for child in node.children if child.kind == "module")
         self.in_probe = StatPoint.of(inputs[0]) if inputs and not node.leaf else None
+        self.size = sum(1 for _ in node.walk()) if not node.leaf else 1
         if node.outputs is None:  # a container in transformers' format, or a call that raised: outputs unknown
             self.first_out: TensorRecord | None = None
             self.out_shapes: tuple[tuple[int, ...], ...] | None = None
@@ -135,12 +136,27 @@ class _Signature:
         self.probe = StatPoint.of(probe) if probe is not None else None
 
 
+class _SamePlace:
+    """Whether two calls are called by callers matched to each other (a block's MLP and the port's, once the blocks
+    are paired)."""
+
+    def __init__(self, a_root: CallNode, b_root: CallNode, pairs: Iterable[tuple[CallNode, CallNode]]) -> None:
+        self.parent_a = {id(child): node for node in a_root.walk() for child in node.children}
+        self.parent_b = {id(child): node for node in b_root.walk() for child in node.children}
+        self.pairs = {(id(a), id(b)) for a, b in pairs}
+
+    def __call__(self, a: CallNode, b: CallNode) -> bool:
+        parent_a, parent_b = self.parent_a.get(id(a)), self.parent_b.get(id(b))
+        return parent_a is not None and parent_b is not None and (id(parent_a), id(parent_b)) in self.pairs
+
+
 class _Scorer:
     """How well two calls of the same key pair (0: they cannot), with the tolerance of each pair of dtypes cached."""
 
-    def __init__(self, tolerance: Tolerance) -> None:
+    def __init__(self, tolerance: Tolerance, same_place: _SamePlace | None = None) -> None:
         self.tolerance = tolerance
         self.tolerances: dict[tuple[str, str], tuple[float, float]] = {}
+        self.same_place = same_place
 
     def __call__(self, x: _Signature, y: _Signature) -> int:
         if x.out_shapes is not None and y.out_shapes is not None:
@@ -156,14 +172,23 @@ class _Scorer:
         if x.n_inputs == y.n_inputs:
             score += 1
 
-        if self._close(x.probe, y.probe):
+        same_output = self._close(x.probe, y.probe)
+        if same_output:
             score += 4
-        if x.child_types and y.child_types:
+        if not x.node.leaf and not y.node.leaf:
             # after a divergence no statistic agrees: what the containers are made of, and what they were given
             # (a block and its first sublayer's input differ by a norm), still tell them apart
-            score += min(2, sum((x.child_types & y.child_types).values()))
-            if self._close(x.in_probe, y.in_probe):
-                score += 2
+            shared = sum((x.child_types & y.child_types).values())
+            same_input = self._close(x.in_probe, y.in_probe)
+            score += min(2, shared) + (2 if same_input else 0)
+            if max(x.size, y.size) <= 2 * min(x.size, y.size):
+                score += 1  # a block is more like a block than like the stack of all blocks
+            unmeasured = x.in_probe is None or y.in_probe is None  # token ids: no statistics to test the input by
+            evidence = same_output or same_input or x.node.type_name == y.node.type_name or _same_block(x, y)
+            if not evidence and shared and self.same_place is not None:
+                evidence = self.same_place(x.node, y.node)  # made of the same kinds, where matched callers call
+            if not (evidence or (unmeasured and shared >= 2)):
+                return 0  # fitting shapes alone do not make two containers one: models are cut in many ways
         return score
 
     def _close(self, x: StatPoint | None, y: StatPoint | None) -> bool:
@@ -173,6 +198,13 @@ class _Scorer:
         if dtypes not in self.tolerances:
             self.tolerances[dtypes] = self.tolerance.for_dtypes(*dtypes)
         return x.close_to(y, *self.tolerances[dtypes])
+
+
+def _same_block(x: _Signature, y: _Signature) -> bool:
+    """Both are the same numbered block of a stack (``vit.layers.1`` and ``blocks.1``): after a divergence, when no
+    statistic agrees any more, the number is what still pairs them."""
+    x_number, y_number = numbered(x.node.path), numbered(y.node.path)
+    return x_number is not None and y_number is not None and x_number[1] == y_number[1]
 
 
 def _bands(n: int, m: int) -> list[tuple[int, int]]:
@@ -271,10 +303,12 @@ def _windowed_pairs(xs: Sequence[_Signature], ys: Sequence[_Signature], score: _
     return pairs
 
 
-def _by_structure(xs: Sequence[_Signature], ys: Sequence[_Signature], tolerance: Tolerance) -> list[tuple[int, int]]:
+def _by_structure(
+    xs: Sequence[_Signature], ys: Sequence[_Signature], tolerance: Tolerance, same_place: _SamePlace | None = None
+) -> list[tuple[int, int]]:
     if not xs or not ys:
         return []
-    score = _Scorer(tolerance)
+    score = _Scorer(tolerance, same_place)
     bands = _bands(len(xs), len(ys))
     if sum(hi - lo for lo, hi in bands) > DP_CELL_LIMIT:
         return _windowed_pairs(xs, ys, score)
@@ -309,6 +343,7 @@ def _structure_pass(
     tolerance: Tolerance,
     containers_only: bool,
     reserved: tuple[set[int], set[int]] = (set(), set()),
+    same_place: _SamePlace | None = None,
 ) -> None:
     """Align the unmatched calls (or only the unmatched containers) in each gap between matched calls; ``reserved``
     calls (parts of fused projections) take no part."""
@@ -325,8 +360,55 @@ def _structure_pass(
         gap_b = [j for j in range(j0 + 1, j1) if j not in matched_b and not (containers_only and b_calls[j].leaf)]
         xs = [_Signature(a_calls[i]) for i in gap_a]
         ys = [_Signature(b_calls[j]) for j in gap_b]
-        for x, y in _by_structure(xs, ys, tolerance):
+        for x, y in _by_structure(xs, ys, tolerance, same_place):
             found[gap_a[x]] = (gap_b[y], "structure")
+
+
+def _passes_through(node: CallNode) -> bool:
+    """A call that returns what it was given (a dropout in eval mode, an identity): where it sits says nothing."""
+    if not node.leaf:
+        return False
+    given = next((record for _, record in node.input_tensors()), None)
+    returned = next((record for _, record in node.output_tensors()), None)
+    return (
+        given is not None
+        and returned is not None
+        and given.shape == returned.shape
+        and given.stats is not None
+        and given.stats == returned.stats
+    )
+
+
+def _drop_crossed_boundaries(
+    found: dict[int, tuple[int, MatchKind]],
+    a_calls: Sequence[CallNode],
+    b_calls: Sequence[CallNode],
+    fused: Sequence[FusedMatch],
+) -> None:
+    """Unpair containers that structure paired but that cut the model elsewhere: a call inside one whose
+    counterpart lies outside the other (transformers' ``BertSelfAttention`` ends before the output projection that
+    a port's attention holds). Their outputs are different quantities, so neither agreement nor departure between
+    them means anything; their contents stay paired."""
+    counterpart_b: dict[int, set[int]] = defaultdict(set)  # id of a call of A -> ids of its counterparts in B
+    for i, (j, _) in found.items():
+        if not (_passes_through(a_calls[i]) or _passes_through(b_calls[j])):  # a no-op may sit on either side
+            counterpart_b[id(a_calls[i])].add(id(b_calls[j]))
+    for group in fused:
+        whole, parts = (group.fused, group.parts)
+        for part in parts:
+            a_node, b_node = (whole, part) if group.fused_in_a else (part, whole)
+            counterpart_b[id(a_node)].add(id(b_node))
+    for i, (j, how) in list(found.items()):
+        a_node, b_node = a_calls[i], b_calls[j]
+        if how != "structure" or a_node.leaf or b_node.leaf:
+            continue
+        inside_a = {id(node) for node in a_node.walk()}
+        inside_b = {id(node) for node in b_node.walk()}
+        pairs = [(a_id, b_id) for a_id, b_ids in counterpart_b.items() for b_id in b_ids]
+        crossed = any((a_id in inside_a) != (b_id in inside_b) for a_id, b_id in pairs)
+        if crossed:
+            del found[i]
+            counterpart_b[id(a_node)].discard(id(b_node))
 
 
 def align_calls(
@@ -351,6 +433,10 @@ def align_calls(
         found[0] = (0, "path")
     if mode != "path":
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=True)
+        # again, now that the outer containers are paired: the ones inside them pair by what they are made of
+        pairs = [(a_calls[i], b_calls[j]) for i, (j, _) in found.items()]
+        same_place = _SamePlace(a_root, b_root, pairs)
+        _structure_pass(found, a_calls, b_calls, tolerance, containers_only=True, same_place=same_place)
     # fused projections before the leaves are aligned by structure: a wqkv's parts would otherwise pair with
     # whatever leaf has their shapes (GPT-2's c_proj with a port's k_proj)
     taken_b = {j for j, _ in found.values()}
@@ -360,6 +446,7 @@ def align_calls(
         [(a_calls[i], b_calls[j]) for i, (j, _) in found.items()],
         [node for i, node in enumerate(a_calls) if i not in found],
         [node for j, node in enumerate(b_calls) if j not in taken_b],
+        tolerance,
     )
     in_fused = {id(node) for group in fused for node in (group.fused, *group.parts)}
     reserved = (
@@ -368,6 +455,7 @@ def align_calls(
     )
     if mode != "path":
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=False, reserved=reserved)
+    _drop_crossed_boundaries(found, a_calls, b_calls, fused)
     matches = tuple(Match(a_calls[i], b_calls[j], how) for i, (j, how) in sorted(found.items()))
     taken_b = {j for j, _ in found.values()}
     return Alignment(

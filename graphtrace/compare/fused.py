@@ -4,9 +4,13 @@ A port often computes q, k and v with one ``wqkv`` (or GPT-2's ``c_attn``) where
 ``k_proj`` and ``v_proj`` (or the other way round). No call-to-call alignment can pair them: their output shapes
 differ. Here, among the calls alignment left unmatched, a *fused* call pairs with a run of *parts* when
 
-- the fused call's caller is matched with the parts' caller (they sit at the same place in both models),
+- the fused call's nearest matched caller is matched with the parts' nearest matched caller (they sit at the same
+  place in both models, though one may wrap them in a container the other lacks),
 - every part is a module call taking an input of the fused call's shape, in execution order, and
-- the parts' outputs, concatenated along the last dimension, have the fused output's shape and dtype.
+- the parts' outputs, concatenated along the last dimension, have the fused output's shape and dtype, and
+- every part was given what the fused call was given (its first input's statistics agree): a projection fused
+  with others reads the same hidden state, while calls that merely have fitting shapes (an MLP's up projection
+  and the two norms of a block) read different ones.
 
 Each part is then compared with its slice of the fused output (values, with the usual equivalences such as a
 rotary layout permutation); with statistics only, the fused output's statistics are compared with those of the
@@ -19,7 +23,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from graphtrace.compare.measure import squeezed
+from graphtrace.compare.measure import StatPoint, Tolerance, squeezed
 from graphtrace.model import CallNode, Stats, TensorRecord
 
 __all__ = ["FusedMatch", "concatenated_record", "find_fused"]
@@ -57,12 +61,27 @@ def _parents(root: CallNode) -> dict[int, CallNode]:
     return parents
 
 
+def _matched_ancestor(node: CallNode, parents: dict[int, CallNode], matched: dict[int, CallNode]) -> CallNode | None:
+    """The nearest caller of ``node`` that alignment matched (a port's attention may be matched where the
+    original's q, k and v sit one container deeper, in a ``self`` attention the port has no counterpart of)."""
+    parent = parents.get(id(node))
+    while parent is not None and id(parent) not in matched:
+        parent = parents.get(id(parent))
+    return parent
+
+
 def _same_output(one: CallNode, other: CallNode) -> bool:
     a, b = _single_output(one), _single_output(other)
     return a is not None and b is not None and squeezed(a.shape) == squeezed(b.shape)
 
 
-def _runs(fused: CallNode, candidates: Sequence[CallNode]) -> Iterator[tuple[CallNode, ...]]:
+def _same_input(given: TensorRecord, other: TensorRecord, tolerance: Tolerance) -> bool:
+    """Whether two calls were given the same tensor, as far as statistics tell (True when either has none)."""
+    x, y = StatPoint.of(given), StatPoint.of(other)
+    return x is None or y is None or x.close_to(y, *tolerance.for_dtypes(x.dtype, y.dtype))
+
+
+def _runs(fused: CallNode, candidates: Sequence[CallNode], tolerance: Tolerance) -> Iterator[tuple[CallNode, ...]]:
     """Runs of consecutive candidates whose outputs, side by side, make up ``fused``'s output."""
     out, given = _single_output(fused), _first_input(fused)
     if out is None or given is None or not out.shape:
@@ -74,6 +93,8 @@ def _runs(fused: CallNode, candidates: Sequence[CallNode]) -> Iterator[tuple[Cal
         if part_out is None or part_in is None or not part_out.shape or part_out.dtype != out.dtype:
             usable.append(None)
         elif squeezed(part_in.shape) != squeezed(given.shape) or squeezed(part_out.shape[:-1]) != lead:
+            usable.append(None)
+        elif not _same_input(given, part_in, tolerance):
             usable.append(None)
         else:
             usable.append(part_out.shape[-1])
@@ -97,6 +118,7 @@ def find_fused(
     pairs: Sequence[tuple[CallNode, CallNode]],
     only_a: Sequence[CallNode],
     only_b: Sequence[CallNode],
+    tolerance: Tolerance | None = None,
 ) -> list[FusedMatch]:
     """Fused calls among the unmatched ones, in either direction (see the module docstring); ``pairs`` are the
     calls matched so far, (A, B)."""
@@ -109,21 +131,24 @@ def find_fused(
         (False, only_b, only_a, parents_b, parents_a, counterpart_of_b),
         (True, only_a, only_b, parents_a, parents_b, counterpart_of_a),
     ):
+        matched_other = counterpart_of_a if fused_in_a is False else counterpart_of_b
         for fused in lone:
             if fused.kind != "module" or id(fused) in used:
                 continue
-            parent = parents_lone.get(id(fused))
-            caller = counterpart.get(id(parent)) if parent is not None else None
+            ancestor = _matched_ancestor(fused, parents_lone, counterpart)
+            caller = counterpart.get(id(ancestor)) if ancestor is not None else None
             if caller is None:
                 continue
             candidates = [
                 node
                 for node in others
-                if node.kind == "module" and id(node) not in used and parents_other.get(id(node)) is caller
+                if node.kind == "module"
+                and id(node) not in used
+                and _matched_ancestor(node, parents_other, matched_other) is caller
             ]
             if any(_same_output(fused, node) for node in candidates):
                 continue  # a call of the fused one's own shape is there: a one-to-one pair, left to alignment
-            run = next(_runs(fused, candidates), None)
+            run = next(_runs(fused, candidates, tolerance or Tolerance()), None)
             if run is None:
                 continue
             offsets, at = [], 0

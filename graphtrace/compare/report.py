@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from graphtrace.compare.align import returned_order
 from graphtrace.compare.measure import STAT_NAMES, TensorDiff, Tolerance
 from graphtrace.compare.pairs import CallDiff
 from graphtrace.model import CallNode, Trace, services
@@ -67,6 +68,7 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
     diverging call is named, as before.
     """
     module_calls = {id(call.a): call for call in calls if call.a.kind != "op"}
+    b_tree = _BTree(calls, steps)
     b_counterparts: dict[str, set[str]] = {}
     for call in module_calls.values():
         b_counterparts.setdefault(call.b.path, set()).add(call.a.path)
@@ -79,6 +81,16 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
             before = _short_name(here)
             changed = next((d for d in here.inputs if d.status == "diverged"), None)
             detail = f"{changed.name_b}: {changed.reason}" if changed is not None else here.reason
+            holder = b_tree.holder(outer, here)
+            if holder is not None:  # a module of B without counterpart in A holds the departure: name it
+                culprit = dataclasses.replace(outer, b=holder, inputs=(), outputs=(), only_in_a=(), only_in_b=())
+                where = f"{holder.path} (B's own module, within {_short_name(outer)})"
+                return Divergence(
+                    culprit,
+                    True,
+                    f"inside {where}, before {before}: {before}'s inputs already differ ({detail})",
+                    before=here,
+                )
             return Divergence(
                 outer,
                 True,
@@ -116,6 +128,60 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
         return None
     why = "its inputs agree, its output does not" if legacy.inputs_agree else "its inputs already differ"
     return Divergence(legacy, False, f"{_short_name(legacy)}: {why} ({legacy.reason})")
+
+
+class _BTree:
+    """Trace B's call tree as the culprit rule needs it: callers, execution order, and which calls are matched."""
+
+    def __init__(self, calls: Sequence[CallDiff], steps: Sequence[CallNode]) -> None:
+        roots = {id(step) for step in steps}
+        self.parent: dict[int, CallNode] = {}
+        self.order: dict[int, int] = {}  # id -> position in B's returned order
+        for root in (call.b for call in calls if id(call.a) in roots):
+            for node in root.walk():
+                for child in node.children:
+                    self.parent[id(child)] = node
+            for position, node in enumerate(returned_order(root), start=len(self.order)):
+                self.order[id(node)] = position
+        self.pairs = [call for call in calls if call.a.kind != "op"]
+        self.matched_b = {id(call.b) for call in self.pairs}
+
+    def ancestors(self, node: CallNode) -> list[CallNode]:
+        found, parent = [], self.parent.get(id(node))
+        while parent is not None:
+            found.append(parent)
+            parent = self.parent.get(id(parent))
+        return found
+
+    def holder(self, outer: CallDiff, first: CallDiff) -> CallNode | None:
+        """The module of B, inside ``outer``'s and without a counterpart, whose own code lies between the last call
+        that agreed and ``first`` (whose inputs differ): the innermost caller of both. None when that is ``outer``."""
+        above_first = self.ancestors(first.b)
+        if outer.b not in above_first:
+            return None
+        inner = {id(node) for node in above_first[: above_first.index(outer.b)]}
+        if not inner:
+            return None
+        start = self.order.get(id(first.b))
+        agreed = [
+            call
+            for call in self.pairs
+            if id(call.b) in self.order
+            and start is not None
+            and self.order[id(call.b)] < start
+            and call.b not in above_first
+            and call.status != "diverged"
+            and call.inputs_agree
+            and any(id(node) in inner for node in self.ancestors(call.b))
+        ]
+        if not agreed:
+            return None
+        last = max(agreed, key=lambda call: self.order[id(call.b)])
+        above_last = {id(node) for node in self.ancestors(last.b)}
+        common = next((node for node in above_first if id(node) in above_last), None)
+        if common is None or id(common) not in inner or id(common) in self.matched_b:
+            return None
+        return common
 
 
 def _short_name(call: CallDiff) -> str:
