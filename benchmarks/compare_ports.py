@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 import graphtrace  # noqa: E402
 from tests import independent_bert, independent_gpt2, independent_llama, independent_vit  # noqa: E402
-from tests.independent_cases import BERT_CASES, CASES, FAITHFUL, MODES, VIT_CASES  # noqa: E402
+from tests.independent_cases import BERT_CASES, CASES, FAITHFUL, MODES, SPLIT_CASES, VIT_CASES  # noqa: E402
 
 
 def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fused: bool) -> torch.nn.Module:
@@ -34,6 +34,8 @@ def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fus
         return independent_vit.port_of(originals["vit"], bug=bug)
     if arch == "bert":
         return independent_bert.port_of(originals["bert"], bug=bug)
+    if arch == "gpt2-split":
+        return independent_gpt2.split_port_of(originals["gpt2"], bug)
     return independent_gpt2.port_of(originals["gpt2"], bug=bug)
 
 
@@ -50,6 +52,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "gpt2": independent_gpt2.RULES,
         "vit": independent_vit.RULES,
         "bert": independent_bert.RULES,
+        "gpt2-split": (),
     }
     token_ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
     pixels = independent_vit.pixels()
@@ -57,11 +60,13 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     inputs["vit"] = ({"pixel_values": pixels}, (pixels,))
     bert_ids = independent_bert.token_ids()
     inputs["bert"] = ({"input_ids": bert_ids}, (bert_ids,))
-    faithful = (*FAITHFUL, ("vit", False), ("bert", False))
+    inputs["gpt2-split"] = inputs["gpt2"]
+    faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False))
     cases = [(arch, None, fused, None) for arch, fused in faithful] + list(CASES) + VIT_CASES + BERT_CASES
+    cases += SPLIT_CASES
     rows = []
     for values in MODES:
-        for arch in originals:
+        for arch in originals:  # gpt2-split's original is gpt2
             original = work / f"{arch}-{values}"
             try:
                 graphtrace.capture(originals[arch], inputs[arch][0], path=original, values=values, ops=ops)
@@ -75,7 +80,8 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
                     if not port.exists():
                         model = _port(originals, arch, bug, fused)
                         graphtrace.capture(model, inputs[arch][1], path=port, values=values, ops=ops)
-                    result = graphtrace.compare(work / f"{arch}-{values}", port, rules=rules[arch] if mapped else ())
+                    reference = work / f"{arch.partition('-')[0]}-{values}"
+                    result = graphtrace.compare(reference, port, rules=rules[arch] if mapped else ())
                 except Exception as exc:  # a version that cannot capture or compare a case scores it as missed
                     named = f"error: {type(exc).__name__}"
                 else:

@@ -46,3 +46,11 @@ BERT_CASES = [
     ("bert", "pooler_relu", False, "pool"),
     ("bert", "scale_1_over_d", False, "layers.2.attn"),
 ]
+
+# GPT-2 against a port that cuts c_attn into q, k, v and inlines the MLP into the block (no MLP module):
+# tests/independent_gpt2.py's split_port_of
+SPLIT_CASES = [
+    ("gpt2-split", "exact_gelu", False, "blocks.1"),
+    ("gpt2-split", "eps", False, "blocks.1.n2"),
+    ("gpt2-split", "attention_scale", False, "blocks.1.a"),
+]

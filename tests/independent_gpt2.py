@@ -194,10 +194,18 @@ class HandNorm(nn.Module):
         return (x - mu) / torch.sqrt(var + self.eps) * self.g + self.b
 
 
+SPLIT_BUGS = (
+    "exact_gelu",  # block 1's inlined MLP uses the erf GELU (the block's own code: it has no MLP module)
+    "eps",  # block 1's second norm with eps 1e-2
+    "attention_scale",  # block 1's attention scores scaled by 0.1
+)
+
+
 class SplitAttention(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
+    def __init__(self, dim: int, heads: int, bug: str | None = None) -> None:
         super().__init__()
         self.heads = heads
+        self.scale = 0.1 if bug == "attention_scale" else None
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -206,26 +214,31 @@ class SplitAttention(nn.Module):
         def heads(t: torch.Tensor) -> torch.Tensor:
             return t.view(B, T, self.heads, C // self.heads).transpose(1, 2)
 
-        y = F.scaled_dot_product_attention(heads(self.q(x)), heads(self.k(x)), heads(self.v(x)), is_causal=True)
+        q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         return self.o(y.transpose(1, 2).reshape(B, T, C))
 
 
 class SplitBlock(nn.Module):
-    def __init__(self, dim: int, heads: int, eps: float) -> None:
+    def __init__(self, dim: int, heads: int, eps: float, bug: str | None = None) -> None:
         super().__init__()
-        self.n1, self.a, self.n2 = HandNorm(dim, eps), SplitAttention(dim, heads), HandNorm(dim, eps)
+        self.n1, self.a = HandNorm(dim, eps), SplitAttention(dim, heads, bug)
+        self.n2 = HandNorm(dim, 1e-2 if bug == "eps" else eps)
         self.fc, self.pr = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.approximate = "none" if bug == "exact_gelu" else "tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.a(self.n1(x))
-        return x + self.pr(F.gelu(self.fc(self.n2(x)), approximate="tanh"))
+        return x + self.pr(F.gelu(self.fc(self.n2(x)), approximate=self.approximate))
 
 
 class SplitGPT(nn.Module):
-    def __init__(self, vocab: int, context: int, dim: int, heads: int, layers: int, eps: float) -> None:
+    def __init__(
+        self, vocab: int, context: int, dim: int, heads: int, layers: int, eps: float, bug: str | None = None
+    ) -> None:
         super().__init__()
         self.emb, self.pos = nn.Embedding(vocab, dim), nn.Parameter(torch.zeros(context, dim))
-        self.blocks = nn.ModuleList(SplitBlock(dim, heads, eps) for _ in range(layers))
+        self.blocks = nn.ModuleList(SplitBlock(dim, heads, eps, bug if i == 1 else None) for i in range(layers))
         self.nf, self.head = HandNorm(dim, eps), nn.Linear(dim, vocab, bias=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -235,10 +248,12 @@ class SplitGPT(nn.Module):
         return self.head(self.nf(x))
 
 
-def split_port_of(hf) -> SplitGPT:  # type: ignore[no-untyped-def]
-    """A ``SplitGPT`` with the weights of a transformers ``GPT2LMHeadModel``: c_attn cut into q, k and v."""
+def split_port_of(hf, bug: str | None = None) -> SplitGPT:  # type: ignore[no-untyped-def]
+    """A ``SplitGPT`` with the weights of a transformers ``GPT2LMHeadModel``: c_attn cut into q, k and v, the MLP
+    inlined into the block (no module of its own); ``bug`` one of ``SPLIT_BUGS``, in block 1."""
     c, t = hf.config, hf.transformer
-    port, d = SplitGPT(c.vocab_size, c.n_positions, c.n_embd, c.n_head, c.n_layer, c.layer_norm_epsilon), c.n_embd
+    port = SplitGPT(c.vocab_size, c.n_positions, c.n_embd, c.n_head, c.n_layer, c.layer_norm_epsilon, bug)
+    d = c.n_embd
     with torch.no_grad():
         port.emb.weight.copy_(t.wte.weight)
         port.pos.copy_(t.wpe.weight)

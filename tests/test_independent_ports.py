@@ -16,7 +16,7 @@ import torch
 
 import graphtrace
 from tests import independent_gpt2, independent_llama
-from tests.independent_cases import CASES, FAITHFUL, MODES
+from tests.independent_cases import CASES, FAITHFUL, MODES, SPLIT_CASES
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +178,18 @@ def test_separate_projections_pair_with_gpt2s_fused_c_attn(
     result = graphtrace.compare(tmp_path / "a", tmp_path / "b")
     assert result.equal, result.divergence
     assert result.matched_by()["fused"] == 9  # c_attn of three blocks against q, k and v
+
+
+@pytest.mark.parametrize("values", ["bundle", "repr"])
+@pytest.mark.parametrize(("bug", "expected"), [(bug, expected) for _, bug, _, expected in SPLIT_CASES])
+def test_a_port_without_an_mlp_module_is_blamed_where_the_bug_lives(
+    originals: dict[str, torch.nn.Module], token_ids: torch.Tensor, tmp_path: Path, values: str, bug: str, expected: str
+) -> None:
+    """The inlined MLP leaves GPT-2's mlp container without counterpart; a norm or the block's own code is still
+    named, not the attention before it (leaves pair by what they were given when their outputs differ)."""
+    graphtrace.capture(originals["gpt2"], {"input_ids": token_ids}, path=tmp_path / "a", values=values)
+    graphtrace.capture(
+        independent_gpt2.split_port_of(originals["gpt2"], bug), (token_ids,), path=tmp_path / "b", values=values
+    )
+    result = graphtrace.compare(tmp_path / "a", tmp_path / "b")
+    assert _named(result) == expected, result.table()

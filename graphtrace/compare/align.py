@@ -122,7 +122,7 @@ class _Signature:
         # a container's make-up: the kinds of module it calls (a block calls two norms, an attention, an MLP), which
         # tells a block from the attention inside it, or from the list that runs the blocks, when values cannot
         self.child_types = Counter(child.type_name for child in node.children if child.kind == "module")
-        self.in_probe = StatPoint.of(inputs[0]) if inputs and not node.leaf else None
+        self.in_probe = StatPoint.of(inputs[0]) if inputs else None
         self.size = sum(1 for _ in node.walk()) if not node.leaf else 1
         if node.outputs is None:  # a container in transformers' format, or a call that raised: outputs unknown
             self.first_out: TensorRecord | None = None
@@ -175,6 +175,8 @@ class _Scorer:
         same_output = self._close(x.probe, y.probe)
         if same_output:
             score += 4
+        if x.node.leaf and self._close(x.in_probe, y.in_probe):
+            score += 2  # a norm given the residual sum, not the dropout given the projection, when outputs differ
         if not x.node.leaf and not y.node.leaf:
             # after a divergence no statistic agrees: what the containers are made of, and what they were given
             # (a block and its first sublayer's input differ by a norm), still tell them apart
