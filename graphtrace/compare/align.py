@@ -390,27 +390,52 @@ def _drop_crossed_boundaries(
     """Unpair containers that structure paired but that cut the model elsewhere: a call inside one whose
     counterpart lies outside the other (transformers' ``BertSelfAttention`` ends before the output projection that
     a port's attention holds). Their outputs are different quantities, so neither agreement nor departure between
-    them means anything; their contents stay paired."""
-    counterpart_b: dict[int, set[int]] = defaultdict(set)  # id of a call of A -> ids of its counterparts in B
+    them means anything; their contents stay paired. ``a_calls`` and ``b_calls`` are in pre-order (``walk``)."""
+    end_a, end_b = _subtree_ends(a_calls), _subtree_ends(b_calls)
+    position_a = {id(node): i for i, node in enumerate(a_calls)}
+    position_b = {id(node): j for j, node in enumerate(b_calls)}
+    counterpart_b: dict[int, list[int]] = defaultdict(list)  # position in A -> positions of its counterparts in B
+    counterpart_a: dict[int, list[int]] = defaultdict(list)
     for i, (j, _) in found.items():
         if not (_passes_through(a_calls[i]) or _passes_through(b_calls[j])):  # a no-op may sit on either side
-            counterpart_b[id(a_calls[i])].add(id(b_calls[j]))
+            counterpart_b[i].append(j)
+            counterpart_a[j].append(i)
     for group in fused:
-        whole, parts = (group.fused, group.parts)
-        for part in parts:
-            a_node, b_node = (whole, part) if group.fused_in_a else (part, whole)
-            counterpart_b[id(a_node)].add(id(b_node))
+        for part in group.parts:
+            a_node, b_node = (group.fused, part) if group.fused_in_a else (part, group.fused)
+            i, j = position_a[id(a_node)], position_b[id(b_node)]
+            counterpart_b[i].append(j)
+            counterpart_a[j].append(i)
     for i, (j, how) in list(found.items()):
-        a_node, b_node = a_calls[i], b_calls[j]
-        if how != "structure" or a_node.leaf or b_node.leaf:
+        if how != "structure" or a_calls[i].leaf or b_calls[j].leaf:
             continue
-        inside_a = {id(node) for node in a_node.walk()}
-        inside_b = {id(node) for node in b_node.walk()}
-        pairs = [(a_id, b_id) for a_id, b_ids in counterpart_b.items() for b_id in b_ids]
-        crossed = any((a_id in inside_a) != (b_id in inside_b) for a_id, b_id in pairs)
+        crossed = any(
+            not j < other <= end_b[j] for inner in range(i + 1, end_a[i] + 1) for other in counterpart_b.get(inner, ())
+        ) or any(
+            not i < other <= end_a[i] for inner in range(j + 1, end_b[j] + 1) for other in counterpart_a.get(inner, ())
+        )
         if crossed:
             del found[i]
-            counterpart_b[id(a_node)].discard(id(b_node))
+            counterpart_b[i] = [other for other in counterpart_b[i] if other != j]
+            counterpart_a[j] = [other for other in counterpart_a[j] if other != i]
+
+
+def _subtree_ends(calls: Sequence[CallNode]) -> list[int]:
+    """For each call of a pre-order walk, the position of the last call inside it (itself for a leaf)."""
+    ends = list(range(len(calls)))
+    stack: list[tuple[int, int]] = []  # (position, children left)
+    for position, node in enumerate(calls):
+        while stack and stack[-1][1] == 0:
+            start, _ = stack.pop()
+            ends[start] = position - 1
+        if stack:
+            stack[-1] = (stack[-1][0], stack[-1][1] - 1)
+        if node.children:
+            stack.append((position, len(node.children)))
+    while stack:
+        start, _ = stack.pop()
+        ends[start] = len(calls) - 1
+    return ends
 
 
 def align_calls(

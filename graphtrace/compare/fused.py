@@ -132,6 +132,12 @@ def find_fused(
         (True, only_a, only_b, parents_a, parents_b, counterpart_of_a),
     ):
         matched_other = counterpart_of_a if fused_in_a is False else counterpart_of_b
+        by_caller: dict[int, list[CallNode]] = {}  # the other trace's unmatched calls by their nearest matched caller
+        for node in others:
+            if node.kind == "module":
+                caller_of_node = _matched_ancestor(node, parents_other, matched_other)
+                if caller_of_node is not None:
+                    by_caller.setdefault(id(caller_of_node), []).append(node)
         for fused in lone:
             if fused.kind != "module" or id(fused) in used:
                 continue
@@ -139,13 +145,7 @@ def find_fused(
             caller = counterpart.get(id(ancestor)) if ancestor is not None else None
             if caller is None:
                 continue
-            candidates = [
-                node
-                for node in others
-                if node.kind == "module"
-                and id(node) not in used
-                and _matched_ancestor(node, parents_other, matched_other) is caller
-            ]
+            candidates = [node for node in by_caller.get(id(caller), ()) if id(node) not in used]
             if any(_same_output(fused, node) for node in candidates):
                 continue  # a call of the fused one's own shape is there: a one-to-one pair, left to alignment
             run = next(_runs(fused, candidates, tolerance or Tolerance()), None)
