@@ -13,12 +13,15 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
 
+import torch
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 __all__ = ["Structure", "flatten", "leaf_paths", "unflatten"]
 
 LEAF = "*"
 _PLAIN = {immutable_list: list, immutable_dict: dict}  # fx's read-only containers stand for list and dict
+_LEAF_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, type(None), bool, int, float, str})
+"""Types that are leaves whatever follows (no tuple, dict or dataclass among them): settled by one lookup."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,6 +56,9 @@ def flatten(value: Any, leaves: list[Any] | None = None) -> tuple[list[Any], Str
     """``(leaves, structure)`` of ``value``; :func:`unflatten` puts the leaves back."""
     if leaves is None:
         leaves = []
+    if type(value) in _LEAF_TYPES:
+        leaves.append(value)
+        return leaves, _LEAF
     kind: type = _PLAIN.get(type(value), type(value))  # type: ignore[call-overload]
     if kind is tuple or kind is list:
         children = tuple(flatten(item, leaves)[1] for item in value)
