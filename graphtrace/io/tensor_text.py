@@ -28,6 +28,7 @@ _INDENT = len(_PREFIX)
 _CACHE_LIMIT = 4096
 _layouts: dict[tuple[object, ...], str] = {}
 _padded_lengths: dict[str, int] = {}
+_shown: dict[tuple[object, ...], tuple[tuple[int, ...], tuple[bool, ...]]] = {}
 
 
 def shown_sizes(shape: Sequence[int], options: PrintOptions) -> tuple[tuple[int, ...], tuple[bool, ...]]:
@@ -35,9 +36,19 @@ def shown_sizes(shape: Sequence[int], options: PrintOptions) -> tuple[tuple[int,
 
     torch summarises a tensor of more than ``threshold`` elements by printing the first and last ``edgeitems``
     entries of every dimension longer than twice that."""
+    key = (tuple(shape), options)
+    shown = _shown.get(key)
+    if shown is None:
+        if len(_shown) >= _CACHE_LIMIT:
+            _shown.clear()
+        shown = _shown[key] = _shown_sizes(key[0], options)
+    return shown
+
+
+def _shown_sizes(shape: tuple[int, ...], options: PrintOptions) -> tuple[tuple[int, ...], tuple[bool, ...]]:
     _, threshold, edgeitems, _ = options
     if math.prod(shape) <= threshold:
-        return tuple(shape), (False,) * len(shape)
+        return shape, (False,) * len(shape)
     cut = tuple(size > 2 * edgeitems for size in shape)
     return tuple(2 * edgeitems if c else size for size, c in zip(shape, cut)), cut
 
