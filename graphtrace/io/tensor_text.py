@@ -27,7 +27,7 @@ _PREFIX = "tensor("
 _INDENT = len(_PREFIX)
 _CACHE_LIMIT = 4096
 _layouts: dict[tuple[object, ...], str] = {}
-_padded_lengths: dict[str, int] = {}
+_sci_layouts: dict[tuple[object, ...], tuple[str, int]] = {}
 _shown: dict[tuple[object, ...], tuple[tuple[int, ...], tuple[bool, ...]]] = {}
 
 
@@ -112,14 +112,16 @@ def _sci_text(
     alone; the guess is right exactly when no field came out wider than it (the text's length tells)."""
     if not math.isfinite(sum(values)) or not any(values):  # NaN or inf among them (or an overflowing sum); zeros
         return None
-    width = len(f"{1.0:.{options[0]}e}") + (min(values) < 0)
-    layout = _layout(sizes, cuts, width, f"%{width}.{options[0]}e", options)
-    length = _padded_lengths.get(layout)
-    if length is None:
-        if len(_padded_lengths) >= _CACHE_LIMIT:
-            _padded_lengths.clear()
+    key = (sizes, cuts, min(values) < 0, options)
+    cached = _sci_layouts.get(key)
+    if cached is None:
+        if len(_sci_layouts) >= _CACHE_LIMIT:
+            _sci_layouts.clear()
+        width = len(f"{1.0:.{options[0]}e}") + key[2]
+        layout = _layout(sizes, cuts, width, f"%{width}.{options[0]}e", options)
         # 1.0 prints in the narrowest sci form, so here every field is padded to exactly `width`
-        length = _padded_lengths[layout] = len(layout % ((1.0,) * layout.count("%")))
+        cached = _sci_layouts[key] = (layout, len(layout % ((1.0,) * layout.count("%"))))
+    layout, length = cached
     text = layout % tuple(values)
     return text if len(text) == length else None
 
