@@ -100,14 +100,14 @@ def flatten(value: Any, leaves: list[Any] | None = None) -> tuple[list[Any], Str
         return leaves, _LEAF
     kind: type = _PLAIN.get(type(value), type(value))  # type: ignore[call-overload]
     if kind is tuple or kind is list:
-        children = tuple(flatten(item, leaves)[1] for item in value)
+        children = tuple([flatten(item, leaves)[1] for item in value])  # a list comprehension: no generator frame
         return leaves, _structure(kind, (), children)
     if isinstance(value, tuple) and hasattr(kind, "_fields"):  # a named tuple
         children = tuple(flatten(item, leaves)[1] for item in value)
         return leaves, _structure(kind, (), children)
     if isinstance(value, dict) and (kind is dict or kind is OrderedDict or _is_dataclass_instance(value)):
         keys = tuple(value.keys())
-        children = tuple(flatten(value[key], leaves)[1] for key in keys)
+        children = tuple([flatten(value[key], leaves)[1] for key in keys])
         return leaves, _structure(kind, keys, children)
     if _is_dataclass_instance(value) and not isinstance(value, dict):
         names = _init_fields(value)

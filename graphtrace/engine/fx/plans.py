@@ -112,18 +112,21 @@ def _forward_key(module: nn.Module) -> Hashable:
 
 def _own_key(module: nn.Module) -> Hashable:
     attributes = vars(module)
+    # list comprehensions rather than generators: this runs for every module at the start of every capture
     return (
         type(module),
         _forward_key(module),
-        tuple((name, _value_key(value)) for name, value in attributes.items() if name not in _MODULE_INTERNALS),
+        tuple([(name, _value_key(value)) for name, value in attributes.items() if name not in _MODULE_INTERNALS]),
         module.training,
-        tuple((name, _tensor_key(p)) for name, p in module._parameters.items()),
-        tuple((name, _tensor_key(b)) for name, b in module._buffers.items()),
+        tuple([(name, _tensor_key(p)) for name, p in module._parameters.items()]),
+        tuple([(name, _tensor_key(b)) for name, b in module._buffers.items()]),
         tuple(sorted(module._non_persistent_buffers_set)),
         tuple(
-            (hooks, tuple((k, _value_key(v)) for k, v in attributes[hooks].items()))
-            for hooks in _HOOKS
-            if attributes.get(hooks)
+            [
+                (hooks, tuple([(k, _value_key(v)) for k, v in attributes[hooks].items()]))
+                for hooks in _HOOKS
+                if attributes.get(hooks)
+            ]
         ),
     )
 
@@ -160,7 +163,7 @@ def module_keys(model: nn.Module, canonical: dict[Hashable, Hashable] | None = N
             own = _own_key(module)
         except _Unkeyable:
             own = None
-        children = tuple((name, key_of(child)) for name, child in module._modules.items() if child is not None)
+        children = tuple([(name, key_of(child)) for name, child in module._modules.items() if child is not None])
         key: Hashable | None = None
         if own is not None and all(child is not None for _, child in children):
             key = _Key((own, children))
