@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 import graphtrace
+from benchmarks.before_after import stages as capture_stages
 from benchmarks.models import MODELS, build
 from graphtrace.io.spec_json import write_spec_files
 from graphtrace.io.trace_json import trace_text
@@ -35,28 +36,17 @@ def main() -> None:
     model, inputs = build(args.model)
     out = Path(tempfile.mkdtemp())
 
-    def shim(prune: bool) -> Callable[[], object]:
-        def run() -> None:
-            with graphtrace.model_addition_debugger_context(model, debug_path=str(out / "shim"), do_prune_layers=prune):
-                model(**inputs)
-
-        return run
-
     def plain() -> None:
         with torch.no_grad():
             model(**inputs)
 
     trace = graphtrace.capture(model, inputs, strategy="eager")
     step = trace.steps[-1]
+    recording = capture_stages(graphtrace, model, inputs, out)  # the stages benchmarks.before_after compares
+    del recording["  writing SUMMARY + FULL_TENSORS"]  # timed below, under the model's own class name
     stages: dict[str, Callable[[], object]] = {
         "plain forward": plain,
-        "record, values='none', eager, no files": lambda: graphtrace.capture(
-            model, inputs, values="none", strategy="eager"
-        ),
-        "record, values='repr' (reprs), eager, no files": lambda: graphtrace.capture(model, inputs, strategy="eager"),
-        "record, values='none', auto, no files": lambda: graphtrace.capture(model, inputs, values="none"),
-        "shim, do_prune_layers=True (SUMMARY + FULL_TENSORS)": shim(True),
-        "shim, do_prune_layers=False": shim(False),
+        **recording,
         "capture(path=...), values='repr', eager": lambda: graphtrace.capture(
             model, inputs, path=out / "capture", strategy="eager"
         ),

@@ -363,7 +363,8 @@ class Recorder:
             return sanitize_repr(repr(value))
 
     def _convert_sequence(self, values: Any, name: str, frame: Frame, store: bool, produced: bool) -> tuple[Value, ...]:
-        return tuple(self._convert(v, f"{name}_{i}", frame, store, produced) for i, v in enumerate(values))
+        convert = self._convert  # a list comprehension: no generator frame per call
+        return tuple([convert(v, f"{name}_{i}", frame, store, produced) for i, v in enumerate(values)])
 
     def _convert_mapping(
         self, values: Any, name: str, frame: Frame, store: bool, produced: bool

@@ -56,6 +56,30 @@ def format_scalar(value: float, dtype: torch.dtype, precision: int) -> str:
     return f"tensor({body}, dtype={dtype})"
 
 
+_templates: dict[tuple[torch.dtype, int, torch.dtype], str] = {}
+
+
+def _spec_strings(
+    mean: float, std: float, low: float, high: float, dtype: torch.dtype, precision: int
+) -> tuple[str, str, str, str]:
+    """:func:`format_scalar` of the four statistics; when all are non-zero and finite (nearly always), through one
+    cached ``%`` template each."""
+    if mean and std and low and high and math.isfinite(mean + std + low + high):  # NaN and inf propagate into a sum
+        default = torch.get_default_dtype()
+        key = (dtype, precision, default)
+        template = _templates.get(key)
+        if template is None:
+            suffix = "" if dtype == default else f", dtype={dtype}"
+            template = _templates[key] = f"tensor(%.{precision}e{suffix})"
+        return template % mean, template % std, template % low, template % high
+    return (
+        format_scalar(mean, dtype, precision),
+        format_scalar(std, dtype, precision),
+        format_scalar(low, dtype, precision),
+        format_scalar(high, dtype, precision),
+    )
+
+
 def _needs_reference_path(tensor: torch.Tensor) -> bool:
     """True when the repr of a 0-d result would carry a suffix only torch's printer gets right."""
     return (
@@ -90,20 +114,28 @@ def _reference_summary(tensor: torch.Tensor) -> TensorSummary:
 
 def _reductions(tensor: torch.Tensor, precision: int) -> list[float]:
     """mean, std, min, max in the tensor's own dtype (float64, or float32 for other floating dtypes), fetched in one
-    host transfer; for a large tensor of a spec dtype, std from :mod:`graphtrace.engine.std_bound` where it proves
-    the printed digits."""
+    host transfer off the CPU; for a large tensor of a spec dtype, std from :mod:`graphtrace.engine.std_bound` where
+    it proves the printed digits."""
     dtype = tensor.dtype
     data = tensor if dtype in SPEC_STAT_DTYPES or dtype == torch.float64 else tensor.float()
     low, high = torch.aminmax(data)
     if data.numel() >= std_bound.MIN_ELEMENTS and dtype in SPEC_STAT_DTYPES and data.is_contiguous():
-        mean, low, high = torch.stack((data.mean(), low, high)).tolist()
-        if math.isfinite(low) and math.isfinite(high):
+        mean, lowest, highest = _fetch(data.mean(), low, high)
+        if math.isfinite(lowest) and math.isfinite(highest):
             std = std_bound.printed_std(data, mean, lambda value: format_scalar(value, dtype, precision))
             if std is not None:
-                return [mean, std, low, high]
-        return [mean, data.std().item(), low, high]
+                return [mean, std, lowest, highest]
+        return [mean, data.std().item(), lowest, highest]
     spread = data.std() if data.numel() > 1 else data.new_full((), math.nan)
-    return list(torch.stack((data.mean(), spread, low, high)).tolist())
+    return _fetch(data.mean(), spread, low, high)
+
+
+def _fetch(*results: torch.Tensor) -> list[float]:
+    """The values of 0-d results as floats: one ``.item()`` each on the CPU (a third of the cost of stacking them),
+    one transfer of them stacked elsewhere."""
+    if results[0].is_cpu:
+        return [result.item() for result in results]
+    return list(torch.stack(results).tolist())
 
 
 def summarize(tensor: torch.Tensor) -> TensorSummary:
@@ -124,17 +156,20 @@ def summarize(tensor: torch.Tensor) -> TensorSummary:
     stats = Stats(mean, std, low, high)
     spec = None
     if spec_dtype:
-        spec = (
-            format_scalar(mean, dtype, precision),
-            format_scalar(std, dtype, precision),
-            format_scalar(low, dtype, precision),
-            format_scalar(high, dtype, precision),
-        )
+        spec = _spec_strings(mean, std, low, high, dtype, precision)
     return TensorSummary(stats, spec, *_nonfinite_counts(tensor, low, high))
 
 
+_group_counts: dict[int, int] = {}
+
+
 def _groups(rows: int) -> int:
-    return next(g for g in range(min(SKETCH_GROUPS, rows), 0, -1) if rows % g == 0)
+    groups = _group_counts.get(rows)
+    if groups is None:
+        if len(_group_counts) >= 4096:
+            _group_counts.clear()
+        groups = _group_counts[rows] = next(g for g in range(min(SKETCH_GROUPS, rows), 0, -1) if rows % g == 0)
+    return groups
 
 
 def row_sketch(tensor: torch.Tensor) -> tuple[float, ...] | None:
@@ -147,9 +182,14 @@ def row_sketch(tensor: torch.Tensor) -> tuple[float, ...] | None:
         or tensor.numel() < 2
     ):
         return None
-    rows = tensor.numel() // tensor.shape[-1]
-    with torch.no_grad():
-        grouped = tensor.detach().reshape(_groups(rows), -1)
-        if grouped.dtype != torch.float32 and grouped.dtype != torch.float64:
-            grouped = grouped.float()
-        return tuple(torch.cat((grouped.sum(1), (grouped * grouped).sum(1))).tolist())
+    if tensor.requires_grad and torch.is_grad_enabled():
+        with torch.no_grad():
+            return _sketch(tensor.detach())
+    return _sketch(tensor)  # no autograd in play: the same operations without a no_grad() object per tensor
+
+
+def _sketch(tensor: torch.Tensor) -> tuple[float, ...]:
+    grouped = tensor.reshape(_groups(tensor.numel() // tensor.shape[-1]), -1)
+    if grouped.dtype != torch.float32 and grouped.dtype != torch.float64:
+        grouped = grouped.float()
+    return tuple(torch.cat((grouped.sum(1), (grouped * grouped).sum(1))).tolist())

@@ -92,6 +92,7 @@ class _SpecWriter:
         self.chunks: list[str] = []
         self.values: list[tuple[int, int]] = []
         self._breaks = ["\n"]
+        self._tensors: dict[tuple[int, int], tuple[str, str | None, str]] = {}
 
     def newline(self, level: int) -> str:
         breaks = self._breaks
@@ -164,13 +165,26 @@ class _SpecWriter:
             append(self.newline(level) + "}")
 
     def tensor(self, record: TensorRecord, level: int) -> None:
-        append = self.chunks.append
+        # A tensor passed from call to call is the same record in each place; at the same depth, the same text.
+        key = (id(record), level)
+        texts = self._tensors.get(key)
+        if texts is None:
+            texts = self._tensors[key] = self._tensor_texts(record, level)
+        head, value, tail = texts
+        chunks = self.chunks
+        chunks.append(head)
+        if value is not None:
+            self.values.append((len(chunks), len(chunks) + 1))
+            chunks.append(value)
+        chunks.append(tail)
+
+    def _tensor_texts(self, record: TensorRecord, level: int) -> tuple[str, str | None, str]:
+        """The text of a tensor entry: before its ``value`` item, the item (None without a value), after it."""
         inner = self.newline(level + 1)
-        append(
-            "{" + inner + '"shape": "' + spec_shape(record.shape) + '",' + inner + '"dtype": ' + _escape(record.dtype)
-        )
+        shape = spec_shape(record.shape)
+        head = "{" + inner + '"shape": "' + shape + '",' + inner + '"dtype": ' + _escape(record.dtype)
+        value = None
         if record.value is not None or record.file is not None:
-            start = len(self.chunks)
             if record.value is not None:
                 lines = self.newline(level + 2)
                 text = "[" + lines + ("," + lines).join(map(_escape, record.value)) + inner + "]"
@@ -179,8 +193,7 @@ class _SpecWriter:
             else:
                 assert record.file is not None  # a stored value: repr lines or a file
                 text = _escape(record.file)
-            append("," + inner + '"value": ' + text)
-            self.values.append((start, start + 1))
+            value = "," + inner + '"value": ' + text
         stats = record.spec_stats
         tail = self.newline(level) + "}"
         if stats is not None:
@@ -204,7 +217,7 @@ class _SpecWriter:
                 + high
                 + tail
             )
-        append(tail)
+        return head, value, tail
 
 
 def _json_key_text(key: Any) -> str:

@@ -36,6 +36,7 @@ _TEXT_DTYPES = frozenset(
 
 _CACHE_LIMIT = 4096
 _gather_offsets: dict[tuple[object, ...], tuple[torch.Tensor, int]] = {}
+_suffixes: dict[tuple[torch.dtype, torch.dtype], tuple[str, ...]] = {}  # (dtype, default dtype) -> torch's suffixes
 
 
 class PrintedValues(NamedTuple):
@@ -98,7 +99,11 @@ def _values(tensor: torch.Tensor, options: PrintOptions) -> PrintedValues:
     _, cuts = shown_sizes(shape, options)
     printed = _gather(tensor, shape, cuts, options[2]) if True in cuts else tensor.reshape(-1)
     dtype = tensor.dtype
-    suffixes = () if dtype in (torch.get_default_dtype(), torch.int64, torch.bool) else (f"dtype={dtype}",)
+    default = torch.get_default_dtype()
+    suffixes = _suffixes.get((dtype, default))
+    if suffixes is None:
+        plain = dtype in (default, torch.int64, torch.bool)
+        suffixes = _suffixes[dtype, default] = () if plain else (f"dtype={dtype}",)
     return PrintedValues(printed.tolist(), shape, dtype.is_floating_point, suffixes, options)
 
 

@@ -13,21 +13,46 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
 
+import torch
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 __all__ = ["Structure", "flatten", "leaf_paths", "unflatten"]
 
 LEAF = "*"
 _PLAIN = {immutable_list: list, immutable_dict: dict}  # fx's read-only containers stand for list and dict
+_LEAF_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, type(None), bool, int, float, str})
+"""Types that are leaves whatever follows (no tuple, dict or dataclass among them): settled by one lookup."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
 class Structure:
-    """The shape of a nested value with its leaves taken out; hashable, so it can key a cache."""
+    """The shape of a nested value with its leaves taken out; hashable, so it can key a cache.
+
+    Its hash is computed once (a call's signature is hashed at each plan lookup), and :func:`flatten` hands out one
+    object per distinct structure it meets, so that comparing two usually ends at their identity."""
 
     kind: type | str
     keys: tuple[Hashable, ...] = ()
     children: tuple[Structure, ...] = ()
+    _hash: int = dataclasses.field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.kind, self.keys, self.children)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not Structure:
+            return NotImplemented
+        return (
+            self._hash == other._hash
+            and self.kind == other.kind
+            and self.keys == other.keys
+            and self.children == other.children
+        )
 
     @property
     def is_leaf(self) -> bool:
@@ -35,6 +60,23 @@ class Structure:
 
 
 _LEAF = Structure(LEAF)
+_CACHE_LIMIT = 4096
+_structures: dict[tuple[Any, ...], Structure] = {}
+
+
+def _structure(kind: type, keys: tuple[Hashable, ...], children: tuple[Structure, ...]) -> Structure:
+    """The one :class:`Structure` of these parts (made on first sight; the table is cleared when it grows large,
+    which costs a comparison by value, never a wrong one). Keys other than strings are not shared: ``1`` and
+    ``True`` are equal keys, but a dict rebuilt from the structure must get its own."""
+    if keys and not all(type(key) is str for key in keys):
+        return Structure(kind, keys, children)
+    parts = (kind, keys, children)
+    structure = _structures.get(parts)
+    if structure is None:
+        if len(_structures) >= _CACHE_LIMIT:
+            _structures.clear()
+        structure = _structures[parts] = Structure(kind, keys, children)
+    return structure
 
 
 def _is_dataclass_instance(value: Any) -> bool:
@@ -53,22 +95,25 @@ def flatten(value: Any, leaves: list[Any] | None = None) -> tuple[list[Any], Str
     """``(leaves, structure)`` of ``value``; :func:`unflatten` puts the leaves back."""
     if leaves is None:
         leaves = []
+    if type(value) in _LEAF_TYPES:
+        leaves.append(value)
+        return leaves, _LEAF
     kind: type = _PLAIN.get(type(value), type(value))  # type: ignore[call-overload]
     if kind is tuple or kind is list:
-        children = tuple(flatten(item, leaves)[1] for item in value)
-        return leaves, Structure(kind, (), children)
+        children = tuple([flatten(item, leaves)[1] for item in value])  # a list comprehension: no generator frame
+        return leaves, _structure(kind, (), children)
     if isinstance(value, tuple) and hasattr(kind, "_fields"):  # a named tuple
         children = tuple(flatten(item, leaves)[1] for item in value)
-        return leaves, Structure(kind, (), children)
+        return leaves, _structure(kind, (), children)
     if isinstance(value, dict) and (kind is dict or kind is OrderedDict or _is_dataclass_instance(value)):
         keys = tuple(value.keys())
-        children = tuple(flatten(value[key], leaves)[1] for key in keys)
-        return leaves, Structure(kind, keys, children)
+        children = tuple([flatten(value[key], leaves)[1] for key in keys])
+        return leaves, _structure(kind, keys, children)
     if _is_dataclass_instance(value) and not isinstance(value, dict):
         names = _init_fields(value)
         if names is not None:
             children = tuple(flatten(getattr(value, name), leaves)[1] for name in names)
-            return leaves, Structure(kind, names, children)
+            return leaves, _structure(kind, names, children)
     leaves.append(value)
     return leaves, _LEAF
 

@@ -179,8 +179,8 @@ def attach_fx(model: nn.Module, recorder: Recorder, ledger: PatchLedger, *, root
     """Install the fx engine's forwards on ``model`` and every submodule; returns the engine (its ``fallbacks``
     fill as the model runs)."""
     paths = list(module_paths(model))
-    keys = module_keys(model)  # before any forward is patched
     store = store_for(model)
+    keys = module_keys(model, store.canonical_keys)  # before any forward is patched
     store.keep_only({key for key in keys.values() if key is not None})
     engine = FxEngine(recorder, store, keys)
     for path, module in paths:

@@ -112,18 +112,21 @@ def _forward_key(module: nn.Module) -> Hashable:
 
 def _own_key(module: nn.Module) -> Hashable:
     attributes = vars(module)
+    # list comprehensions rather than generators: this runs for every module at the start of every capture
     return (
         type(module),
         _forward_key(module),
-        tuple((name, _value_key(value)) for name, value in attributes.items() if name not in _MODULE_INTERNALS),
+        tuple([(name, _value_key(value)) for name, value in attributes.items() if name not in _MODULE_INTERNALS]),
         module.training,
-        tuple((name, _tensor_key(p)) for name, p in module._parameters.items()),
-        tuple((name, _tensor_key(b)) for name, b in module._buffers.items()),
+        tuple([(name, _tensor_key(p)) for name, p in module._parameters.items()]),
+        tuple([(name, _tensor_key(b)) for name, b in module._buffers.items()]),
         tuple(sorted(module._non_persistent_buffers_set)),
         tuple(
-            (hooks, tuple((k, _value_key(v)) for k, v in attributes[hooks].items()))
-            for hooks in _HOOKS
-            if attributes.get(hooks)
+            [
+                (hooks, tuple([(k, _value_key(v)) for k, v in attributes[hooks].items()]))
+                for hooks in _HOOKS
+                if attributes.get(hooks)
+            ]
         ),
     )
 
@@ -144,9 +147,12 @@ class _Key:
         return self._hash
 
 
-def module_keys(model: nn.Module) -> dict[int, Hashable | None]:
+def module_keys(model: nn.Module, canonical: dict[Hashable, Hashable] | None = None) -> dict[int, Hashable | None]:
     """The key of ``model`` and every submodule, by ``id``; None for a module that cannot have one (an attribute
-    that cannot be compared, or such a descendant). Computed before the capture patches any forward."""
+    that cannot be compared, or such a descendant). Computed before the capture patches any forward.
+
+    With ``canonical`` (a store's :attr:`PlanStore.canonical_keys`), equal keys are one object, this capture's and
+    earlier ones': a plan lookup under a key then ends at its identity instead of comparing nested tuples."""
     keys: dict[int, Hashable | None] = {}
 
     def key_of(module: nn.Module) -> Hashable | None:
@@ -157,8 +163,12 @@ def module_keys(model: nn.Module) -> dict[int, Hashable | None]:
             own = _own_key(module)
         except _Unkeyable:
             own = None
-        children = tuple((name, key_of(child)) for name, child in module._modules.items() if child is not None)
-        key = None if own is None or any(child is None for _, child in children) else _Key((own, children))
+        children = tuple([(name, key_of(child)) for name, child in module._modules.items() if child is not None])
+        key: Hashable | None = None
+        if own is not None and all(child is not None for _, child in children):
+            key = _Key((own, children))
+        if key is not None and canonical is not None:
+            key = canonical.setdefault(key, key)  # children first: a parent's parts hold its children's canonical keys
         keys[id(module)] = key
         return key
 
@@ -176,11 +186,15 @@ class PlanStore:
         # check its calls structurally (by id; the plan is held here, so the id stays its own).
         self.proven_leaves: dict[int, Plan] = {}
         self._by_graph: dict[Hashable, list[Plan]] = {}
+        self.canonical_keys: dict[Hashable, Hashable] = {}
+        """One object for each module key met (:func:`module_keys`)."""
 
     def keep_only(self, keys: set[Hashable]) -> None:
         """Drop the plans of module keys the model no longer has."""
         for key in [key for key in self.plans if key not in keys]:
             del self.plans[key]
+        for key in [key for key in self.canonical_keys if key not in keys]:
+            del self.canonical_keys[key]
         kept = {id(plan) for plans in self.plans.values() for plan in plans.values()}
         self.proven_leaves = {key: plan for key, plan in self.proven_leaves.items() if key in kept}
         for fingerprint, plans in list(self._by_graph.items()):

@@ -47,6 +47,8 @@ TENSOR, CONSTANT, OPAQUE = "tensor", "constant", "opaque"
 
 
 def leaf_kind(value: Any) -> str:
+    if type(value) is torch.Tensor:  # the common case, settled without the subclass checks below
+        return TENSOR
     if isinstance(value, torch.Tensor):
         return OPAQUE if dispatches_itself(value) else TENSOR  # a DTensor is passed along, never computed on
     if type(value) in _CONSTANT_TYPES or isinstance(value, enum.Enum):
@@ -56,14 +58,14 @@ def leaf_kind(value: Any) -> str:
 
 def _leaf_key(value: Any, kind: str) -> Hashable:
     if kind == TENSOR:
-        strided = value.layout == torch.strided
+        layout = value.layout
         return (
-            torch.Tensor if isinstance(value, FakeTensor) else type(value),
+            torch.Tensor if type(value) is torch.Tensor or isinstance(value, FakeTensor) else type(value),
             value.dtype,
             value.device,
-            value.layout,
+            layout,
             tuple(value.shape),
-            tuple(value.stride()) if strided else None,
+            tuple(value.stride()) if layout == torch.strided else None,
             value.requires_grad,
         )
     if kind == OPAQUE:
@@ -87,8 +89,8 @@ class Signature:
 
 def signature(module: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Signature:
     leaves, structure = flatten((tuple(args), dict(kwargs)))
-    kinds = tuple(leaf_kind(leaf) for leaf in leaves)
-    key = (module.training, structure, tuple(_leaf_key(leaf, kind) for leaf, kind in zip(leaves, kinds)))
+    kinds = tuple([leaf_kind(leaf) for leaf in leaves])
+    key = (module.training, structure, tuple([_leaf_key(leaf, kind) for leaf, kind in zip(leaves, kinds)]))
     return Signature(key, leaves, structure, kinds)
 
 
