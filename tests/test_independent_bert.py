@@ -71,3 +71,15 @@ def test_each_bug_is_named_in_the_ports_terms(
     first = result.first_divergence
     assert first is not None, result.table()
     assert first.b.path.partition(".")[2] == expected, result.table()
+
+
+def test_op_records_do_not_pull_the_modules_pairing(original: torch.nn.Module, tmp_path: Path) -> None:
+    """With op records, the port's residual add comes after its misplaced norm: ops pair by path or not at all, so
+    their order cannot drag the norm onto the original's dropout and blame the norm for the block's code."""
+    ids = independent_bert.token_ids()
+    graphtrace.capture(original, {"input_ids": ids}, path=tmp_path / "a", values="repr", ops=True)
+    port = independent_bert.port_of(original, "norm_before_residual")
+    graphtrace.capture(port, (ids,), path=tmp_path / "b", values="repr", ops=True)
+    result = graphtrace.compare(tmp_path / "a", tmp_path / "b")
+    first = result.first_divergence
+    assert first is not None and first.b.path == "Encoder.layers.1", result.table()

@@ -338,6 +338,12 @@ def _monotone_chain(anchors: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return chain[::-1]
 
 
+def _aligns(node: CallNode, containers_only: bool) -> bool:
+    """Whether structure may pair ``node``: module calls only (op records pair by path or not at all: two
+    implementations' ops do not correspond one to one, and their order would pull the modules' pairing along)."""
+    return node.kind == "module" and not (containers_only and node.leaf)
+
+
 def _structure_pass(
     found: dict[int, tuple[int, MatchKind]],
     a_calls: Sequence[CallNode],
@@ -355,11 +361,9 @@ def _structure_pass(
     skip_a = reserved[0]
     for (i0, j0), (i1, j1) in zip(chain, chain[1:]):
         gap_a = [
-            i
-            for i in range(i0 + 1, i1)
-            if i not in found and i not in skip_a and not (containers_only and a_calls[i].leaf)
+            i for i in range(i0 + 1, i1) if i not in found and i not in skip_a and _aligns(a_calls[i], containers_only)
         ]
-        gap_b = [j for j in range(j0 + 1, j1) if j not in matched_b and not (containers_only and b_calls[j].leaf)]
+        gap_b = [j for j in range(j0 + 1, j1) if j not in matched_b and _aligns(b_calls[j], containers_only)]
         xs = [_Signature(a_calls[i]) for i in gap_a]
         ys = [_Signature(b_calls[j]) for j in gap_b]
         for x, y in _by_structure(xs, ys, tolerance, same_place):
