@@ -124,15 +124,26 @@ def _body_effect(code: types.CodeType) -> str | None:
     return None
 
 
-def _verdict(code: types.CodeType) -> tuple[bool, str | None]:
+def _verdict(frame: types.FrameType) -> tuple[bool, str | None]:
+    """(whether the frame runs model code, the effect its function's body makes), cached per code object."""
+    code = frame.f_code
     verdict = _CODE_VERDICTS.get(code)
     if verdict is None:
-        user = _is_user_code(code.co_filename)
+        if code.co_filename.startswith("<") and not code.co_filename.startswith("<frozen"):
+            # code made by exec (torch.fx's generated lambdas, a dataclass's __init__): whose it is, its globals say
+            user = not _library_module(str(frame.f_globals.get("__name__", "")))
+        else:
+            user = _is_user_code(code.co_filename)
         verdict = (user, _body_effect(code) if user else None)
         if len(_CODE_VERDICTS) >= _CODE_VERDICTS_LIMIT:
             _CODE_VERDICTS.clear()
         _CODE_VERDICTS[code] = verdict
     return verdict
+
+
+def _library_module(name: str) -> bool:
+    top = name.partition(".")[0]
+    return top in ("torch", "graphtrace") or top in sys.stdlib_module_names
 
 
 def _logged_by_user_code(frame: types.FrameType) -> bool:
@@ -141,7 +152,7 @@ def _logged_by_user_code(frame: types.FrameType) -> bool:
     caller = frame.f_back
     while caller is not None and caller.f_code.co_filename == logging.__file__:
         caller = caller.f_back
-    return caller is not None and _verdict(caller.f_code)[0]
+    return caller is not None and _verdict(caller)[0]
 
 
 def _shallow_values(holder: Any) -> Iterable[Any]:
@@ -249,7 +260,7 @@ class EffectWatch:
     def _on_call(self, frame: types.FrameType, event: str, arg: Any) -> Any:
         """The trace hook for every new Python frame (``event`` is ``"call"``)."""
         code = frame.f_code
-        user, effect = _verdict(code)
+        user, effect = _verdict(frame)
         if effect is not None:
             self._abort(f"{code.co_qualname}() {effect}")
         if not user:
@@ -259,10 +270,10 @@ class EffectWatch:
                 caller = frame.f_back
                 while caller is not None and caller.f_code.co_filename.startswith(_ENTRY_PASSAGES):
                     caller = caller.f_back  # graphtrace's lazy names, contextlib for tracing()
-                if caller is not None and _verdict(caller.f_code)[0]:
+                if caller is not None and _verdict(caller)[0]:
                     self._abort(f"{caller.f_code.co_qualname}() starts a nested graphtrace {code.co_name}()")
         caller = frame.f_back
-        returns_to_user = caller is not None and _verdict(caller.f_code)[0]
+        returns_to_user = caller is not None and _verdict(caller)[0]
         self._profile(user)
         if user == returns_to_user:
             return None
@@ -274,12 +285,12 @@ class EffectWatch:
         calling model code): the profile hook follows the caller when it returns."""
         if event == "return":
             caller = frame.f_back
-            self._profile(caller is not None and _verdict(caller.f_code)[0])
+            self._profile(caller is not None and _verdict(caller)[0])
         return self._on_return
 
     def _on_builtin(self, frame: types.FrameType, event: str, function: Any) -> None:
         """The profile hook, on while model code runs: the builtins it calls."""
-        if event != "c_call" or not _verdict(frame.f_code)[0]:
+        if event != "c_call" or not _verdict(frame)[0]:
             return
         caller = frame.f_code.co_qualname
         if function in _EFFECTFUL_BUILTINS:

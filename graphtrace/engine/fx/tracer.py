@@ -202,6 +202,12 @@ class _MetaProxy(fx.Proxy):
         return length
 
     def __iter__(self) -> Any:
+        frame = inspect.currentframe()
+        caller = frame.f_back if frame is not None else None
+        with EffectWatch.paused():  # graphtrace reading the caller's bytecode: no model code runs here
+            return self._iterate(caller)
+
+    def _iterate(self, caller: Any) -> Any:
         meta = self.node.meta.get(META, UNKNOWN)
         if isinstance(meta, dict):
             return iter(list(meta))
@@ -209,8 +215,6 @@ class _MetaProxy(fx.Proxy):
         if length is not None:
             return (self[i] for i in range(length))  # type: ignore[index]  # fx's Proxy indexes by __getattr__
         # fx's own rule: unpacking into a fixed number of names works without knowing the length
-        frame = inspect.currentframe()
-        caller = frame.f_back if frame is not None else None
         if caller is not None:
             instructions = list(dis.get_instructions(caller.f_code))
             index = bisect.bisect_left(instructions, caller.f_lasti, key=lambda inst: inst.offset)
