@@ -28,9 +28,19 @@ def replacing(path: str | os.PathLike[str]) -> Iterator[Path]:
     temporary = Path(name)
     try:
         yield temporary
+        os.chmod(temporary, 0o666 & ~_UMASK)  # as open() would have made it, not mkstemp's owner-only mode
         os.replace(temporary, target)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()  # read once, at import: reading it means setting it, which is not safe while threads create files
 
 
 def write_atomic(path: str | os.PathLike[str], text: str) -> Path:

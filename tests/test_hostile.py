@@ -354,3 +354,12 @@ def test_a_failed_drawing_leaves_the_old_picture(saved: Path, monkeypatch: pytes
     monkeypatch.setattr(subprocess, "run", real_run)
     assert svg.read_bytes() == before
     assert not list(saved.glob(".*.tmp"))
+
+
+def test_files_written_whole_get_the_modes_open_would_give(saved: Path) -> None:
+    """A temporary file is owner-only; the renamed file gets what the umask allows, like every other file."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for name in ("*_call_graph.dot", "*_call_graph.svg", "*_debug_tree_SUMMARY.json", "*_graphtrace.json"):
+        file = next(saved.glob(name))
+        assert file.stat().st_mode & 0o777 == 0o666 & ~mask, name

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import random
 import sys
 from collections.abc import Callable
 from contextlib import redirect_stdout
@@ -61,6 +62,20 @@ class Logs(_Step):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         LOG.warning("forward of %s", type(self).__name__)
         return self.proj(x)
+
+
+class DrawsFromPythonsRandom(_Step):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) * (1.0 + 0.0 * random.random())
+
+
+class WritesToAStream(_Step):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        STREAM.write("called\n")
+        return self.proj(x)
+
+
+STREAM = io.StringIO()
 
 
 class KeepsAHistory(_Step):
@@ -120,6 +135,33 @@ def test_a_python_side_effect_runs_once_and_the_module_falls_back(
     assert fallback.startswith("SideEffect: ") and reason in fallback, trace.fallbacks
     assert trace.find("Sequential.0").strategy == "eager"
     assert trace.find("Sequential.1").strategy == "fx"
+
+
+def test_a_random_draw_and_a_stream_write_happen_once() -> None:
+    random.seed(7)
+    expected = [random.random() for _ in range(2)]
+    random.seed(7)
+    STREAM.seek(0)
+    STREAM.truncate()
+    trace = graphtrace.capture(nn.Sequential(DrawsFromPythonsRandom(), WritesToAStream()), torch.ones(2, 4))
+    assert random.random() == expected[1]  # one draw by the forward, not two
+    assert STREAM.getvalue() == "called\n"
+    assert "a random stream" in trace.fallbacks["Sequential.0"]
+    assert "writes to StringIO.write" in trace.fallbacks["Sequential.1"]
+
+
+def test_the_watch_leaves_garbage_collection_as_it_was() -> None:
+    import gc
+
+    assert gc.isenabled()
+    graphtrace.capture(nn.Sequential(AppendsToAGlobal(), Pure()), torch.ones(2, 4))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        graphtrace.capture(nn.Sequential(AppendsToAGlobal(), Pure()), torch.ones(2, 4))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_a_print_in_a_forward_is_printed_once() -> None:

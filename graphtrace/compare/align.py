@@ -111,7 +111,18 @@ def _by_path(
 class _Signature:
     """What structural alignment looks at in one call."""
 
-    __slots__ = ("node", "key", "first_out", "out_shapes", "n_inputs", "probe", "in_probe", "child_types", "size")
+    __slots__ = (
+        "node",
+        "key",
+        "first_out",
+        "out_shapes",
+        "n_inputs",
+        "probe",
+        "in_probe",
+        "child_types",
+        "size",
+        "number",
+    )
 
     def __init__(self, node: CallNode) -> None:
         self.node = node
@@ -121,7 +132,10 @@ class _Signature:
         self.n_inputs = len(inputs)
         # a container's make-up: the kinds of module it calls (a block calls two norms, an attention, an MLP), which
         # tells a block from the attention inside it, or from the list that runs the blocks, when values cannot
-        self.child_types = Counter(child.type_name for child in node.children if child.kind == "module")
+        self.child_types = Counter(
+            child.type_name for child in node.children if child.kind == "module" and child.type_name
+        )  # traces written by transformers name no types: no make-up to compare then
+        self.number = numbered(node.path)
         self.in_probe = StatPoint.of(inputs[0]) if inputs else None
         self.size = sum(1 for _ in node.walk()) if not node.leaf else 1
         if node.outputs is None:  # a container in transformers' format, or a call that raised: outputs unknown
@@ -175,7 +189,7 @@ class _Scorer:
         same_output = self._close(x.probe, y.probe)
         if same_output:
             score += 4
-        if x.node.leaf and self._close(x.in_probe, y.in_probe):
+        if x.node.leaf and not same_output and self._close(x.in_probe, y.in_probe):
             score += 2  # a norm given the residual sum, not the dropout given the projection, when outputs differ
         if not x.node.leaf and not y.node.leaf:
             # after a divergence no statistic agrees: what the containers are made of, and what they were given
@@ -186,7 +200,8 @@ class _Scorer:
             if max(x.size, y.size) <= 2 * min(x.size, y.size):
                 score += 1  # a block is more like a block than like the stack of all blocks
             unmeasured = x.in_probe is None or y.in_probe is None  # token ids: no statistics to test the input by
-            evidence = same_output or same_input or x.node.type_name == y.node.type_name or _same_block(x, y)
+            same_type = bool(x.node.type_name) and x.node.type_name == y.node.type_name
+            evidence = same_output or same_input or same_type or _same_block(x, y)
             if not evidence and shared and self.same_place is not None:
                 evidence = self.same_place(x.node, y.node)  # made of the same kinds, where matched callers call
             if not (evidence or (unmeasured and shared >= 2)):
@@ -205,8 +220,7 @@ class _Scorer:
 def _same_block(x: _Signature, y: _Signature) -> bool:
     """Both are the same numbered block of a stack (``vit.layers.1`` and ``blocks.1``): after a divergence, when no
     statistic agrees any more, the number is what still pairs them."""
-    x_number, y_number = numbered(x.node.path), numbered(y.node.path)
-    return x_number is not None and y_number is not None and x_number[1] == y_number[1]
+    return x.number is not None and y.number is not None and x.number[1] == y.number[1]
 
 
 def _bands(n: int, m: int) -> list[tuple[int, int]]:

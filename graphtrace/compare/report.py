@@ -157,9 +157,10 @@ class _BTree:
         """The module of B, inside ``outer``'s and without a counterpart, whose own code lies between the last call
         that agreed and ``first`` (whose inputs differ): the innermost caller of both. None when that is ``outer``."""
         above_first = self.ancestors(first.b)
-        if outer.b not in above_first:
+        depth = next((k for k, node in enumerate(above_first) if node is outer.b), None)
+        if depth is None:
             return None
-        inner = {id(node) for node in above_first[: above_first.index(outer.b)]}
+        inner = {id(node) for node in above_first[:depth]}
         if not inner:
             return None
         start = self.order.get(id(first.b))
@@ -169,7 +170,7 @@ class _BTree:
             if id(call.b) in self.order
             and start is not None
             and self.order[id(call.b)] < start
-            and call.b not in above_first
+            and id(call.b) not in {id(node) for node in above_first}
             and call.status != "diverged"
             and call.inputs_agree
             and any(id(node) in inner for node in self.ancestors(call.b))

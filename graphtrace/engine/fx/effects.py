@@ -9,7 +9,8 @@ eager capture, and the effect runs exactly once, in the real call.
 
 What it sees, in code outside torch, graphtrace and the standard library:
 
-- a call of ``print``, ``setattr``/``delattr``, ``input``, ``breakpoint``, ``exec``/``eval`` (these run arbitrary code);
+- a call of ``print``, ``input``, ``breakpoint``, ``exec`` (which runs arbitrary code), a draw from Python's or numpy's
+  random streams, a write to a file or stream;
 - a method that changes a list, dict, set, deque or bytearray reachable from outside the call: from the calling
   code's globals (and the classes and plain objects they hold), its closure, or the module tree;
 - a function whose code assigns a global or a variable of an enclosing function (``global``/``nonlocal``), or
@@ -29,8 +30,10 @@ import collections
 import contextlib
 import dis
 import gc
+import io
 import logging
 import os
+import random
 import sys
 import sysconfig
 import threading
@@ -49,9 +52,8 @@ class SideEffectAbort(BaseException):
     ``except Exception`` does not swallow it and trace on."""
 
 
-_EFFECTFUL_BUILTINS = frozenset(
-    {builtins.print, builtins.setattr, builtins.delattr, builtins.input, builtins.breakpoint, builtins.exec}
-)
+_EFFECTFUL_BUILTINS = frozenset({builtins.print, builtins.input, builtins.breakpoint, builtins.exec})
+_WRITING_METHODS = frozenset({"write", "writelines", "flush", "truncate"})
 _MUTATORS: dict[type, frozenset[str]] = {
     list: frozenset({"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "__setitem__"}),
     dict: frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__"}),
@@ -146,6 +148,12 @@ def _library_module(name: str) -> bool:
     return top in ("torch", "graphtrace") or top in sys.stdlib_module_names
 
 
+def _is_numpy_random(receiver: Any) -> bool:
+    """numpy's RandomState or Generator (without importing numpy: only if the model's code already did)."""
+    module = type(receiver).__module__
+    return module.startswith("numpy.random") and type(receiver).__name__ in ("RandomState", "Generator")
+
+
 def _logged_by_user_code(frame: types.FrameType) -> bool:
     """Whether the logging call that reached ``frame`` (``Logger.handle``) was made by model code, not by torch's
     own logs while tracing (which tracing silences)."""
@@ -165,6 +173,25 @@ def _shallow_values(holder: Any) -> Iterable[Any]:
     if isinstance(namespace, dict | types.MappingProxyType):
         return list(namespace.values())
     return ()
+
+
+_COLLECTION_LOCK = threading.Lock()
+_COLLECTION = {"pausers": 0, "was_enabled": False}
+
+
+def _pause_collection() -> None:
+    with _COLLECTION_LOCK:
+        if _COLLECTION["pausers"] == 0:
+            _COLLECTION["was_enabled"] = gc.isenabled()
+            gc.disable()
+        _COLLECTION["pausers"] += 1
+
+
+def _resume_collection() -> None:
+    with _COLLECTION_LOCK:
+        _COLLECTION["pausers"] -= 1
+        if _COLLECTION["pausers"] == 0 and _COLLECTION["was_enabled"]:
+            gc.enable()
 
 
 class EffectWatch:
@@ -200,9 +227,10 @@ class EffectWatch:
         if not watches and (sys.gettrace() is not None or sys.getprofile() is not None):
             return self  # someone else traces or profiles this thread: leave their hooks, watch nothing
         if not watches:
-            # a collection's callbacks (gc.callbacks) would run inside the watch as if the model's code called them
-            self._collecting = gc.isenabled()
-            gc.disable()
+            # a collection's callbacks (gc.callbacks) would run inside the watch as if the model's code called them;
+            # gc is the process's, so it is switched off while any thread watches and back on when the last ends
+            _pause_collection()
+            self._collecting = True
         watches.append(self)
         self._active = True
         hooks = watches[0]
@@ -222,7 +250,8 @@ class EffectWatch:
         hooks._profiling = not profiling  # force the call: the interpreter may have dropped the profile hook
         hooks._profile(profiling)
         if not watches and self._collecting:
-            gc.enable()
+            self._collecting = False
+            _resume_collection()
 
     @classmethod
     @contextmanager
@@ -296,6 +325,10 @@ class EffectWatch:
         if function in _EFFECTFUL_BUILTINS:
             self._abort(f"{caller}() calls {function.__name__}()")
         receiver = getattr(function, "__self__", None)
+        if isinstance(receiver, random.Random) or _is_numpy_random(receiver):
+            self._abort(f"{caller}() draws from {type(receiver).__name__}.{function.__name__} (a random stream)")
+        if isinstance(receiver, io.IOBase) and function.__name__ in _WRITING_METHODS:
+            self._abort(f"{caller}() writes to {type(receiver).__name__}.{function.__name__}")
         if not isinstance(receiver, _MUTATED_TYPES):
             return
         mutators = next(names for kind, names in _MUTATORS.items() if isinstance(receiver, kind))
