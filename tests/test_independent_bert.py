@@ -83,3 +83,13 @@ def test_op_records_do_not_pull_the_modules_pairing(original: torch.nn.Module, t
     result = graphtrace.compare(tmp_path / "a", tmp_path / "b")
     first = result.first_divergence
     assert first is not None and first.b.path == "Encoder.layers.1", result.table()
+
+
+def test_a_culprit_without_counterpart_is_marked_at_the_first_call_it_spoils(
+    captured: Callable[..., tuple[Path, Path]],
+) -> None:
+    a, b = captured("tanh_gelu", "repr")
+    table = graphtrace.compare(a, b).table()
+    marked = [line for line in table.splitlines() if "◀ first divergence" in line]
+    assert len(marked) == 1 and "layers.0.mlp.down" in marked[0], table
+    assert "first divergence: encoder.layer.0 ↔ layers.0.mlp (FeedForward)" in table, table

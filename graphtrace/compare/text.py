@@ -95,9 +95,20 @@ def _cells(comparison: Comparison, call: CallDiff, steps: bool) -> list[str]:
 Row = tuple[list[str] | tuple[str, str], CallDiff | None]
 
 
+def _marked(comparison: Comparison) -> CallDiff | None:
+    """The row the first divergence points at: its pair, or, when the culprit is a module of B without counterpart
+    (not a row of its own), the first call inside it whose inputs differ."""
+    found = comparison.divergence
+    if found is None:
+        return None
+    if any(call is found.call for call in comparison.calls):
+        return found.call
+    return found.before
+
+
 def _rows(comparison: Comparison, show_all: bool) -> Iterator[Row]:
     """Table rows (cells) and folded lines (a mark and a text), each with the call it shows."""
-    first = comparison.first_divergence
+    first = _marked(comparison)
     steps = len({call.step for call in comparison.calls}) > 1
     quiet: list[CallDiff] = []
     listed = 0
@@ -135,7 +146,7 @@ def _table(comparison: Comparison, show_all: bool) -> list[Text]:
     for cells, _ in rows:
         if isinstance(cells, list):
             widths = [max(w, cell_len(c)) for w, c in zip(widths, cells)]
-    first = comparison.first_divergence
+    first = _marked(comparison)
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(c + " " * (w - cell_len(c)) for c, w in zip(cells, widths)).rstrip()
@@ -170,7 +181,9 @@ def _verdict(comparison: Comparison) -> list[Text]:
         a_name = relative_path(first.a, comparison.a.root) or first.a.path
         b_name = relative_path(first.b, comparison.b.root) or first.b.path
         names = a_name if a_name == b_name else f"{a_name} ↔ {b_name}"
-        kind = f" ({first.a.type_name})" if first.a.type_name else ""
+        own = not any(call is first for call in comparison.calls)  # a module of B without counterpart
+        type_name = first.b.type_name if own else first.a.type_name
+        kind = f" ({type_name})" if type_name else ""
         if found.inside:
             why = "the departure lies in its own code"
         elif first.status == "diverged" and first.inputs_agree:
