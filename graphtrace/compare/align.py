@@ -404,11 +404,12 @@ def _drop_crossed_boundaries(
     a_calls: Sequence[CallNode],
     b_calls: Sequence[CallNode],
     fused: Sequence[FusedMatch],
-) -> None:
-    """Unpair containers that structure paired but that cut the model elsewhere: a call inside one whose
-    counterpart lies outside the other (transformers' ``BertSelfAttention`` ends before the output projection that
-    a port's attention holds). Their outputs are different quantities, so neither agreement nor departure between
-    them means anything; their contents stay paired. ``a_calls`` and ``b_calls`` are in pre-order (``walk``)."""
+) -> bool:
+    """Unpair containers that structure paired but that cut the model elsewhere (True when any was): a call
+    inside one whose counterpart lies outside the other (transformers' ``BertSelfAttention`` ends before the output
+    projection that a port's attention holds). Their outputs are different quantities, so neither agreement nor
+    departure between them means anything; their contents stay paired. ``a_calls`` and ``b_calls`` are in
+    pre-order (``walk``)."""
     end_a, end_b = _subtree_ends(a_calls), _subtree_ends(b_calls)
     position_a = {id(node): i for i, node in enumerate(a_calls)}
     position_b = {id(node): j for j, node in enumerate(b_calls)}
@@ -424,6 +425,7 @@ def _drop_crossed_boundaries(
             i, j = position_a[id(a_node)], position_b[id(b_node)]
             counterpart_b[i].append(j)
             counterpart_a[j].append(i)
+    dropped = False
     for i, (j, how) in list(found.items()):
         if how != "structure" or a_calls[i].leaf or b_calls[j].leaf:
             continue
@@ -434,8 +436,10 @@ def _drop_crossed_boundaries(
         )
         if crossed:
             del found[i]
+            dropped = True
             counterpart_b[i] = [other for other in counterpart_b[i] if other != j]
             counterpart_a[j] = [other for other in counterpart_a[j] if other != i]
+    return dropped
 
 
 def _subtree_ends(calls: Sequence[CallNode]) -> list[int]:
@@ -500,7 +504,10 @@ def align_calls(
     )
     if mode != "path":
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=False, reserved=reserved)
-    _drop_crossed_boundaries(found, a_calls, b_calls, fused)
+    if _drop_crossed_boundaries(found, a_calls, b_calls, fused) and mode != "path":
+        # the unpaired containers no longer cut the gaps: what they kept apart may pair now (then check again)
+        _structure_pass(found, a_calls, b_calls, tolerance, containers_only=False, reserved=reserved)
+        _drop_crossed_boundaries(found, a_calls, b_calls, fused)
     matches = tuple(Match(a_calls[i], b_calls[j], how) for i, (j, how) in sorted(found.items()))
     taken_b = {j for j, _ in found.values()}
     return Alignment(
