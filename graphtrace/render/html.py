@@ -15,7 +15,6 @@ For notebooks, :func:`trace_summary_html` and :func:`comparison_summary_html` gi
 
 from __future__ import annotations
 
-import contextlib
 import html
 import json
 import math
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from graphtrace.errors import GraphvizFailedError, GraphvizNotFoundError, InvalidOptionError, OutputPathError
+from graphtrace.files import write_atomic
 from graphtrace.model import CallNode, TensorRecord, Trace, Value
 from graphtrace.render.dot import render_dot_file, to_dot
 from graphtrace.render.graph import DEFAULT_MAX_BOXES, _Folder, call_graph
@@ -289,27 +289,16 @@ def write_html(
     graph: bool = True,
     max_boxes: int | None = DEFAULT_MAX_BOXES,
 ) -> Path:
-    """Write :func:`to_html` of ``subject`` to ``path`` atomically (a temporary file beside it, then renamed)."""
+    """Write :func:`to_html` of ``subject`` to ``path``, whole or not at all (:func:`graphtrace.files.write_atomic`)."""
     target = Path(path)
     text = to_html(subject, graph=graph, max_boxes=max_boxes)
-    temporary: str | None = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(
-            "w", encoding="utf-8", dir=target.parent, prefix=f".{target.name}.", suffix=".tmp", delete=False
-        ) as handle:
-            temporary = handle.name
-            handle.write(text)
-        os.chmod(temporary, 0o644)  # a page to share, not a secret (the temporary file was made 0600)
-        os.replace(temporary, target)
     except OSError as exc:
-        if temporary is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
         raise OutputPathError(
             f"cannot write the page to {str(target)!r}: {exc.strerror or exc}. Choose a path you can write to."
         ) from exc
-    return target
+    return write_atomic(target, text)
 
 
 # -- notebooks --------------------------------------------------------------------------------------------------------
