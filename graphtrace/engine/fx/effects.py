@@ -75,22 +75,24 @@ def _folders(*paths: str) -> tuple[str, ...]:
     return tuple(os.path.join(os.path.realpath(path), "") for path in paths)
 
 
-def _library_roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The folders of code that is not the model's (the standard library, torch, graphtrace), and the folders of
-    installed packages inside the standard library's folder (transformers or a port installed there is model code)."""
+def _library_roots() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The folders of torch and graphtrace, of the standard library, and of installed packages (which lie inside
+    the standard library's folder: transformers or a port installed there is model code)."""
     import torch
 
     paths = sysconfig.get_paths()
-    standard = _folders(paths["stdlib"], paths["platstdlib"])
-    ours = _folders(os.path.dirname(torch.__file__), _PACKAGE)
-    return standard + ours, _folders(paths["purelib"], paths["platlib"])
+    return (
+        _folders(os.path.dirname(torch.__file__), _PACKAGE),
+        _folders(paths["stdlib"], paths["platstdlib"]),
+        _folders(paths["purelib"], paths["platlib"]),
+    )
 
 
-_LIBRARY_ROOTS: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+_LIBRARY_ROOTS: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] | None = None
 _CODE_VERDICTS: dict[types.CodeType, tuple[bool, str | None]] = {}  # code -> (is user code, effect its body makes)
 _CODE_VERDICTS_LIMIT = 100_000
 _LOGGING_HANDLE = logging.Logger.handle.__code__
-_ENTRY_PASSAGES = (contextlib.__file__, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), ""))
+_ENTRY_PASSAGES = (contextlib.__file__, os.path.join(_PACKAGE, ""))
 
 
 def _is_user_code(filename: str) -> bool:
@@ -99,10 +101,11 @@ def _is_user_code(filename: str) -> bool:
         _LIBRARY_ROOTS = _library_roots()
     if filename.startswith(("<frozen", "<built-in")):
         return False
-    libraries, installed = _LIBRARY_ROOTS
+    ours, standard, installed = _LIBRARY_ROOTS
     path = os.path.realpath(filename)
-    torch_or_graphtrace = libraries[2:]
-    return not path.startswith(libraries) or (path.startswith(installed) and not path.startswith(torch_or_graphtrace))
+    if path.startswith(ours):
+        return False
+    return path.startswith(installed) or not path.startswith(standard)
 
 
 def _body_effect(code: types.CodeType) -> str | None:
