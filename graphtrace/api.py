@@ -185,7 +185,7 @@ class Session:
         if isinstance(self._sink, (SafetensorsSink, BundleSink)) and not self.single_call:
             assert self.directory is not None
             self._sink.finish()  # the previous step's files are complete
-            self._sink.directory = self.directory / f"step_{step}"
+            self._sink.directory = self._streaming_folder(step)
             self._sink.directory.mkdir(exist_ok=True)
 
     def __enter__(self) -> Session:
@@ -247,6 +247,11 @@ class Session:
                 return error
         return None
 
+    def _streaming_folder(self, step: int) -> Path:
+        """Where a step's value files are streamed while the forward runs (moved up later when there was one)."""
+        assert self.directory is not None
+        return self.directory if self.single_call else self.directory / f"step_{step}"
+
     def _drop_lost_references(self) -> None:
         """Records whose value could not be written (the sink removed the partial file) point at nothing: their
         ``file`` goes, so that no saved record names a file that is missing or truncated."""
@@ -254,8 +259,7 @@ class Session:
         if not lost or self.trace is None or self.directory is None:
             return
         steps = tuple(
-            without_files(step, lost.get(self.directory if self.single_call else self.directory / f"step_{i}", set()))
-            for i, step in enumerate(self.trace.steps)
+            without_files(step, lost.get(self._streaming_folder(i), set())) for i, step in enumerate(self.trace.steps)
         )
         self.trace = dataclasses.replace(self.trace, steps=steps)
 
