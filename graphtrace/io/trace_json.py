@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from graphtrace.errors import TraceFormatError
+from graphtrace.io.json_text import escape
 from graphtrace.model import (
     SCHEMA_VERSION,
     CallNode,
@@ -204,13 +205,17 @@ def _step_info_in(raw: Mapping[str, Any]) -> StepInfo:
 
 def trace_to_json(trace: Trace) -> dict[str, Any]:
     """The JSON document of ``trace`` (without repr lines, which live in FULL_TENSORS)."""
+    return {**_head_out(trace), "steps": [_node_out(step) for step in trace.steps]}
+
+
+def _head_out(trace: Trace) -> dict[str, Any]:
+    """The document's keys before its steps."""
     return {
         "format": FORMAT_NAME,
         "schema_version": SCHEMA_VERSION,
         "meta": dataclasses.asdict(trace.meta),
         "fallbacks": dict(trace.fallbacks),
         "step_info": [_step_info_out(info) for info in trace.step_info],
-        "steps": [_node_out(step) for step in trace.steps],
     }
 
 
@@ -220,31 +225,140 @@ _compact = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode  # C-
 def trace_text(trace: Trace) -> str:
     """The file text of ``trace``: the document of :func:`trace_to_json` with one call per line, indented by depth.
 
-    Compact JSON per call lets ``json``'s C encoder do the work (an indented dump goes through Python code and
-    costs more than the capture of a small model), while a diff of two files still lines up call by call."""
-    doc = trace_to_json(trace)
-    steps = doc.pop("steps")
-    lines = [_compact(doc)[:-1] + ',"steps":[']
-    for i, step in enumerate(steps):
+    Compact JSON per call lets a diff of two files line up call by call. The calls are written as text directly
+    (:class:`_CallLines`), each distinct tensor record once: building the document's dicts first and encoding them
+    cost more than the capture of a small model."""
+    lines = [_compact(_head_out(trace))[:-1] + ',"steps":[']
+    calls = _CallLines(lines)
+    for i, step in enumerate(trace.steps):
         if i:
             lines[-1] += ","
-        _node_lines(step, 0, lines)
+        calls.node(step, 0)
     lines.append("]}")
     return "\n".join(lines) + "\n"
 
 
-def _node_lines(node: dict[str, Any], depth: int, lines: list[str]) -> None:
-    children = node.pop("children")  # the last key, as in _node_out
-    head = " " * depth + _compact(node)[:-1] + ',"children":['
-    if not children:
-        lines.append(head + "]}")
-        return
-    lines.append(head)
-    for i, child in enumerate(children):
-        if i:
-            lines[-1] += ","
-        _node_lines(child, depth + 1, lines)
-    lines.append(" " * depth + "]}")
+def _scalar(value: Any) -> str:
+    """A leaf value as ``json`` writes it: the common exact types here, anything else by ``_compact`` itself."""
+    kind = type(value)
+    if kind is str:
+        return escape(value)
+    if kind is int:
+        return int.__repr__(value)
+    if kind is bool:
+        return "true" if value else "false"
+    return _compact(value)
+
+
+def _floats(values: Any) -> str:
+    """A list of statistics as :func:`_float_out` and ``json`` write it.
+
+    ``float.__repr__`` is what json's encoder calls for a float (subclasses included); it refuses anything else,
+    and only a non-finite float's text (``nan``, ``inf``) holds an ``n``: both go the general way."""
+    try:
+        text = ",".join(map(float.__repr__, values))
+    except TypeError:
+        text = "n"
+    if "n" in text:
+        return _compact([_float_out(x) for x in values])
+    return "[" + text + "]"
+
+
+class _CallLines:
+    """Appends the lines of calls to ``lines``; the text of a tensor record seen again is reused (a layer's output
+    is the next layer's input: the same record object in both places, alive while the trace is)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self._tensors: dict[int, str] = {}
+
+    def node(self, node: CallNode, depth: int) -> None:
+        value = self.value
+        head = [
+            " " * depth,
+            '{"path":',
+            _scalar(node.path),
+            ',"index":',
+            _scalar(node.index),
+            ',"type":',
+            _scalar(node.type_name),
+            ',"kind":',
+            _scalar(node.kind),
+            ',"leaf":',
+            _scalar(node.leaf),
+            ',"strategy":',
+            _scalar(node.strategy),
+            ',"args":[',
+            ",".join(map(value, node.args)),
+            '],"kwargs":',
+            self.mapping(node.kwargs),
+            ',"outputs":',
+            "null" if node.outputs is None else value(node.outputs),
+        ]
+        if node.error is not None:
+            head += (',"error":', _scalar(node.error))
+        if node.inputs_from:
+            head += (',"inputs_from":[', ",".join(map(_scalar, node.inputs_from)), "]")
+        if node.source is not None:
+            source = node.source
+            head += (',"source":{"file":', _scalar(source.file), ',"line":', _scalar(source.line))
+            head += (',"function":', _scalar(source.function), ',"text":', _scalar(source.text), "}")
+        lines = self.lines
+        if not node.children:
+            head.append(',"children":[]}')
+            lines.append("".join(head))
+            return
+        head.append(',"children":[')
+        lines.append("".join(head))
+        for i, child in enumerate(node.children):
+            if i:
+                lines[-1] += ","
+            self.node(child, depth + 1)
+        lines.append(" " * depth + "]}")
+
+    def value(self, value: Value) -> str:
+        if isinstance(value, str):
+            return escape(value)
+        if isinstance(value, TensorRecord):
+            text = self._tensors.get(id(value))
+            if text is None:
+                text = self._tensors[id(value)] = '{"tensor":' + _tensor_text(value) + "}"
+            return text
+        if isinstance(value, tuple):
+            return "[" + ",".join(map(self.value, value)) + "]"
+        return '{"dict":' + self.mapping(value) + "}"
+
+    def mapping(self, values: Mapping[Any, Value]) -> str:
+        # keys as _value_out makes them: str() of each, a later equal key's value replacing an earlier one's
+        texts = {str(key): self.value(item) for key, item in values.items()}
+        return "{" + ",".join(escape(key) + ":" + text for key, text in texts.items()) + "}"
+
+
+def _tensor_text(record: TensorRecord) -> str:
+    """``_compact(_tensor_out(record))``, written directly."""
+    parts = [
+        '{"shape":[',
+        ",".join(map(_scalar, record.shape)),
+        '],"dtype":',
+        _scalar(record.dtype),
+        ',"device":',
+        _scalar(record.device),
+    ]
+    stats = record.stats
+    if stats is not None:
+        parts += (',"stats":', _floats((stats.mean, stats.std, stats.min, stats.max)))
+    if record.spec_stats is not None:
+        parts += (',"spec_stats":[', ",".join(map(_scalar, record.spec_stats)), "]")
+    if record.nan_count or record.inf_count:
+        parts += (',"nan":', _scalar(record.nan_count), ',"inf":', _scalar(record.inf_count))
+    if record.file is not None:
+        parts += (',"file":', _scalar(record.file))
+    if record.dtensor is not None:
+        parts += (',"dtensor":', _compact(dataclasses.asdict(record.dtensor)))
+    if record.sketch is not None:
+        parts += (',"sketch":', _floats(record.sketch))
+    parts.append("}")
+    return "".join(parts)
 
 
 def trace_from_json(raw: Any, directory: str | None = None) -> Trace:
