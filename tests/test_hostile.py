@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -336,22 +335,18 @@ def test_a_write_failing_mid_forward_leaves_no_partial_file_and_no_reference_to_
     assert not list(target.glob(".*.tmp"))
 
 
-def test_a_failed_drawing_leaves_the_old_picture(saved: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import subprocess
-
+def test_a_failed_drawing_leaves_the_old_picture(saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     svg = next(saved.glob("*_call_graph.svg"))
     before = svg.read_bytes()
     assert before.rstrip().endswith(b"</svg>")
-    real_run = subprocess.run
-
-    def dot_dies_halfway(command: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
-        Path(command[command.index("-o") + 1]).write_bytes(before[:100])
-        return subprocess.CompletedProcess(command, -9, "", "killed")
-
-    monkeypatch.setattr(subprocess, "run", dot_dies_halfway)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    dot = fake / "dot"  # a Graphviz killed halfway through its picture
+    dot.write_text('#!/bin/sh\nwhile [ "$1" != -o ]; do shift; done\nprintf "<svg half" > "$2"\nkill -9 $$\n')
+    dot.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
     with pytest.warns(UserWarning, match="could not draw"):
         graphtrace.load(saved).save(saved)
-    monkeypatch.setattr(subprocess, "run", real_run)
     assert svg.read_bytes() == before
     assert not list(saved.glob(".*.tmp"))
 

@@ -5,17 +5,21 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
 import subprocess
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
 import graphtrace
+from graphtrace import saving
 from graphtrace.demo import demo_inputs, demo_model
-from graphtrace.errors import GraphvizNotFoundError, GraphvizWarning, InvalidOptionError
+from graphtrace.errors import GraphvizNotFoundError, GraphvizWarning, InvalidOptionError, TraceFormatError
 from graphtrace.model import Trace
 from graphtrace.render import boxes, call_graph, to_dot, write_call_graph
 from tests.conftest import run_cli
@@ -319,3 +323,61 @@ def test_without_dot_the_trace_and_the_dot_source_are_still_written(
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "sudo apt-get install -y graphviz" in result.stderr and "its DOT source is in cli.dot" in result.stderr
     assert (tmp_path / "cli.dot").is_file()
+
+
+# -- Graphviz beside the writing of the trace ----------------------------------------------------------------------
+
+
+def _spy_dot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, then: str) -> Path:
+    """A `dot` first on PATH that notes its process id, then runs the shell lines ``then`` (``REAL`` stands for
+    Graphviz's own `dot`, ``NOTE`` for the note). Returns the note's path."""
+    real = shutil.which("dot")
+    assert real is not None
+    spy = tmp_path / "bin"
+    spy.mkdir()
+    note = tmp_path / "dot_started.txt"
+    script = spy / "dot"
+    script.write_text(f"#!/bin/sh\necho $$ > {note}\n" + then.replace("REAL", real).replace("NOTE", str(note)))
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{spy}{os.pathsep}{os.environ['PATH']}")
+    return note
+
+
+def test_dot_draws_while_the_trace_files_are_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    note = _spy_dot(tmp_path, monkeypatch, 'exec REAL "$@"\n')
+    dot_running = []
+    write_trace_files = saving.save_trace
+
+    def save_trace(*args: Any, **kwargs: Any) -> list[str]:
+        deadline = time.monotonic() + 10
+        while not note.exists() and time.monotonic() < deadline:  # dot, if started, says so within milliseconds
+            time.sleep(0.01)
+        dot_running.append(note.exists())
+        return write_trace_files(*args, **kwargs)
+
+    monkeypatch.setattr(saving, "save_trace", save_trace)
+    graphtrace.capture(demo_model(), demo_inputs(), path=tmp_path / "trace")
+    assert dot_running == [True]  # started before the trace files were written
+    # and the picture is in place, whole, when capture returns, with no temporary file beside it
+    assert len(svg_groups(tmp_path / "trace" / "DemoTransformer_call_graph.svg")["node"]) == 14
+    assert sorted(path.name for path in (tmp_path / "trace").iterdir()) == [
+        "DemoTransformer_call_graph.dot",
+        "DemoTransformer_call_graph.svg",
+        "DemoTransformer_debug_tree_FULL_TENSORS.json",
+        "DemoTransformer_debug_tree_SUMMARY.json",
+        "DemoTransformer_graphtrace.json",
+    ]
+    with pytest.raises(ProcessLookupError):  # reaped: a zombie would still answer
+        os.kill(int(note.read_text()), 0)
+
+
+def test_a_save_that_fails_stops_dot_and_leaves_no_picture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = graphtrace.capture(demo_model(), demo_inputs(), path=tmp_path / "trace", values="safetensors")
+    next((tmp_path / "trace").glob("*.safetensors")).unlink()
+    note = _spy_dot(tmp_path, monkeypatch, "exec sleep 60\n")
+    with pytest.raises(TraceFormatError, match="which is missing"):
+        trace.save(tmp_path / "copy")
+    assert list((tmp_path / "copy").iterdir()) == []  # no DOT source, no picture, no temporary file
+    pid = int(note.read_text().split()[0])
+    with pytest.raises(ProcessLookupError):  # killed and reaped, not left drawing or as a zombie
+        os.kill(pid, 0)

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from graphtrace.model import Trace
-from graphtrace.render.dot import FORMATS, INSTALL_HINT, to_dot, write_graph
+from graphtrace.render.dot import FORMATS, INSTALL_HINT, Drawing, start_graph, to_dot, write_graph
 from graphtrace.render.graph import DEFAULT_MAX_BOXES, boxes, call_graph
 from graphtrace.render.html import to_html, write_html
 from graphtrace.render.step_flow import Flow, data_flow
@@ -20,12 +20,14 @@ from graphtrace.render.step_flow import Flow, data_flow
 __all__ = [
     "DEFAULT_MAX_BOXES",
     "FORMATS",
+    "Drawing",
     "GRAPH_SUFFIX",
     "INSTALL_HINT",
     "Flow",
     "boxes",
     "call_graph",
     "data_flow",
+    "start_call_graph",
     "to_dot",
     "to_html",
     "write_call_graph",
@@ -51,3 +53,9 @@ def write_call_graph(
     it). Options as :func:`call_graph`. Returns the files written."""
     graph = call_graph(trace, step=step, depth=depth, focus=focus, unfold=unfold, max_boxes=max_boxes)
     return write_graph(graph, path)
+
+
+def start_call_graph(trace: Trace, path: str | os.PathLike[str]) -> Drawing:
+    """Start drawing ``trace``'s default call graph into ``path``: the DOT source is written, Graphviz runs while the
+    caller goes on, and :meth:`Drawing.finish` puts the picture in place."""
+    return start_graph(call_graph(trace), path)

@@ -19,7 +19,7 @@ import networkx as nx
 import pydot
 
 from graphtrace.errors import GraphvizFailedError, GraphvizNotFoundError, InvalidOptionError, OutputPathError
-from graphtrace.files import replacing, write_atomic
+from graphtrace.files import put_in_place, replacing, temporary_beside, write_beside
 from graphtrace.render.style import (
     BOX_DEFAULTS,
     EDGE_DEFAULTS,
@@ -30,7 +30,7 @@ from graphtrace.render.style import (
     cluster_style,
 )
 
-__all__ = ["FORMATS", "INSTALL_HINT", "render_dot_file", "to_dot", "write_graph"]
+__all__ = ["FORMATS", "INSTALL_HINT", "Drawing", "render_dot_file", "start_graph", "to_dot", "write_graph"]
 
 FORMATS = {".svg": "svg", ".png": "png", ".pdf": "pdf", ".dot": None}
 """Output suffixes and the Graphviz format each is rendered in (``.dot``: the source only)."""
@@ -87,47 +87,149 @@ def write_graph(graph: nx.DiGraph, path: str | os.PathLike[str]) -> list[Path]:
     """Write ``graph`` to ``path`` (``.svg``, ``.png``, ``.pdf`` or ``.dot``); the DOT source is always written too,
     beside it, first. Returns the files written. Raises :class:`GraphvizNotFoundError` when ``dot`` is missing (the
     DOT source is there by then)."""
+    return start_graph(graph, path).finish()
+
+
+def start_graph(graph: nx.DiGraph, path: str | os.PathLike[str]) -> Drawing:
+    """:func:`write_graph` without waiting for Graphviz: ``dot`` is started, and :meth:`Drawing.finish` puts the
+    DOT source and the picture in place."""
     target = Path(path)
     output_format = _output_format(target)
-    source = target.with_suffix(".dot")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputPathError(
-            f"cannot write the call graph to {str(source)!r}: {exc.strerror or exc}. Choose a path you can write to."
+            f"cannot write the call graph to {str(target.with_suffix('.dot'))!r}: {exc.strerror or exc}. Choose a "
+            "path you can write to."
         ) from exc
-    write_atomic(source, to_dot(graph))
-    if output_format is None:
-        return [source]
-    render_dot_file(source, target, output_format)
-    return [source, target]
+    return Drawing(to_dot(graph), target, output_format)
+
+
+class Drawing:
+    """Graphviz's ``dot`` drawing a call graph while the caller goes on (its start-up and layout take tens of
+    milliseconds, on another core).
+
+    The DOT source (``target`` with the suffix ``.dot``) and the picture are written to temporary files beside
+    them; :meth:`finish` waits for ``dot`` and puts both in place, each whole; :meth:`abandon` stops it and leaves
+    both targets as they were. One of the two must be called: both reap the process and remove the temporary files,
+    so that no zombie and no partial file is left. ``output_format`` None: the DOT source only."""
+
+    def __init__(self, dot_text: str, target: Path, output_format: str | None) -> None:
+        self.source, self.target = target.with_suffix(".dot"), target
+        self._source_text = write_beside(self.source, dot_text)
+        self._temporaries = [self._source_text]
+        self._process: subprocess.Popen[str] | None = None
+        self._missing: GraphvizNotFoundError | None = None
+        if output_format is None:
+            return
+        try:
+            program = _dot_program(self.source, target)
+        except GraphvizNotFoundError as exc:
+            self._missing = exc  # raised by finish(), once the DOT source is in place
+            return
+        try:
+            self._drawn = temporary_beside(target)
+            self._temporaries.append(self._drawn)
+            self._process = subprocess.Popen(
+                _dot_command(program, output_format, self._source_text, self._drawn),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        except OSError as exc:
+            self._discard()
+            raise _unwritable(target, exc) from exc
+
+    def finish(self) -> list[Path]:
+        """Wait for ``dot``, then put the DOT source and the picture in place; returns their paths. Raises
+        GraphvizNotFoundError or GraphvizFailedError when there is no picture (the DOT source is written then)."""
+        process, self._process = self._process, None
+        placing = self.source
+        try:
+            errors = _wait(process) if process is not None else ""
+            put_in_place(self._source_text, self.source)
+            if self._missing is not None:
+                raise self._missing
+            if process is None:
+                return [self.source]
+            if process.returncode != 0:
+                errors = errors.replace(str(self._source_text), str(self.source))  # dot names the file it read
+                raise _failure(process.returncode, errors, self.source)
+            placing = self.target
+            put_in_place(self._drawn, self.target)
+        except OSError as exc:
+            raise _unwritable(placing, exc) from exc
+        finally:
+            self._discard()
+        return [self.source, self.target]
+
+    def abandon(self) -> None:
+        """Stop ``dot`` and remove what it was given and drew: both targets are left as they were."""
+        process, self._process = self._process, None
+        if process is not None:
+            _stop(process)
+        self._discard()
+
+    def _discard(self) -> None:
+        for temporary in self._temporaries:
+            temporary.unlink(missing_ok=True)
+
+
+def _wait(process: subprocess.Popen[str]) -> str:
+    """What ``dot`` said on stderr once it has ended; stopped if the wait is interrupted (Ctrl-C)."""
+    try:
+        return process.communicate()[1]
+    except BaseException:
+        _stop(process)
+        raise
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    process.kill()
+    process.wait()  # not communicate(): a child it left behind could hold the pipe open for long
+    assert process.stderr is not None
+    process.stderr.close()
 
 
 def render_dot_file(source: Path, target: Path, output_format: str) -> None:
     """Run Graphviz's ``dot`` on the DOT file ``source``, writing ``target`` in ``output_format``."""
+    program = _dot_program(source, target)
+    try:
+        with replacing(target) as drawn:  # a picture appears whole, or the old one stays
+            command = _dot_command(program, output_format, source, drawn)
+            result = subprocess.run(command, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                raise _failure(result.returncode, result.stderr, source)
+    except OSError as exc:
+        raise _unwritable(target, exc) from exc
+
+
+def _dot_program(source: Path, target: Path) -> str:
     program = shutil.which("dot")
     if program is None:
         raise GraphvizNotFoundError(
             f"Graphviz's `dot` program is not on PATH, so {target.name} could not be drawn; its DOT source is in "
             f"{source}. To get the picture, {INSTALL_HINT}, then run `graphtrace render` on the trace again."
         )
+    return program
+
+
+def _dot_command(program: str, output_format: str, source: Path, drawn: Path) -> list[str]:
     sharper = ["-Gdpi=144"] if output_format == "png" else []  # 1.5 times the default: legible on dense screens
-    try:
-        with replacing(target) as drawn:  # a picture appears whole, or the old one stays
-            result = subprocess.run(
-                [program, f"-T{output_format}", *sharper, str(source), "-o", str(drawn)],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if result.returncode != 0:
-                message = result.stderr.strip().splitlines()
-                raise GraphvizFailedError(
-                    f"Graphviz's dot could not draw {source} (exit code {result.returncode}: "
-                    f"{message[-1] if message else 'no message'}); the DOT source is kept for inspection."
-                )
-    except OSError as exc:
-        raise OutputPathError(f"cannot write {target}: {exc.strerror or exc}. Choose a path you can write to.") from exc
+    return [program, f"-T{output_format}", *sharper, str(source), "-o", str(drawn)]
+
+
+def _failure(returncode: int, errors: str, source: Path) -> GraphvizFailedError:
+    message = errors.strip().splitlines()
+    return GraphvizFailedError(
+        f"Graphviz's dot could not draw {source} (exit code {returncode}: "
+        f"{message[-1] if message else 'no message'}); the DOT source is kept for inspection."
+    )
+
+
+def _unwritable(target: Path, exc: OSError) -> OutputPathError:
+    return OutputPathError(f"cannot write {target}: {exc.strerror or exc}. Choose a path you can write to.")
 
 
 def _output_format(target: Path) -> str | None:
