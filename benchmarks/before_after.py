@@ -74,20 +74,23 @@ def stages(package: Any, model: torch.nn.Module, inputs: dict[str, Any], out: Pa
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", required=True, help="the git revision to compare the working tree with")
-    parser.add_argument("--rounds", type=int, default=40)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
+StagesOf = Callable[[Any, torch.nn.Module, dict[str, Any], Path], dict[str, Callable[[], object]]]
+"""What to time of a graphtrace package (the working tree's or the base's), given the model, inputs and a folder."""
+
+
+def interleaved(
+    revision: str, stages_of: StagesOf, rounds: int, clocks: dict[str, Callable[[], float]]
+) -> tuple[list[str], dict[tuple[str, str, str], list[float]]]:
+    """The stages of the working tree and of ``revision`` on the tiny Llama, every stage of both and a plain forward
+    (side ``""``) in every round in a rotating order; returns the stages' names and the times by (name, side, clock)."""
     model, inputs = build("tiny-llama")
     with tempfile.TemporaryDirectory() as temporary:
         root = Path(temporary)
-        base = import_base(args.base, root / "base")
+        base = import_base(revision, root / "base")
         (root / "before").mkdir()
         (root / "after").mkdir()
-        before = stages(base, model, inputs, root / "before")
-        after = stages(graphtrace, model, inputs, root / "after")
+        before = stages_of(base, model, inputs, root / "before")
+        after = stages_of(graphtrace, model, inputs, root / "after")
 
         def plain() -> None:
             with torch.no_grad():
@@ -101,28 +104,52 @@ def main() -> None:
             run()
             run()
         keys = list(runs)
-        times: dict[tuple[str, str], list[float]] = {key: [] for key in keys}
-        for index in range(args.rounds):
+        times: dict[tuple[str, str, str], list[float]] = {}
+        for index in range(rounds):
             shift = index % len(keys)
             for key in keys[shift:] + keys[:shift]:
-                started = time.process_time()
+                started = {clock: read() for clock, read in clocks.items()}
                 runs[key]()
-                times[key].append(time.process_time() - started)
-    plain_times = times["plain forward", ""]
-    print(
-        f"tiny-llama, torch {torch.__version__}, 1 thread, {args.rounds} rounds, process_time medians; "
-        f"plain {statistics.median(plain_times) * 1000:.2f} ms; base {args.base}"
-    )
-    print(f"{'stage':<44} {'before ms':>9}  {'x plain (IQR)':<18} {'after ms':>8}  x plain (IQR)")
-    for name in before:
+                for clock, read in clocks.items():
+                    times.setdefault((*key, clock), []).append(read() - started[clock])
+    return list(before), times
+
+
+def print_table(names: list[str], times: dict[tuple[str, str, str], list[float]], clock: str) -> None:
+    """Before and after of each stage: medians, and ratios to the plain forward of the same round with their IQR."""
+    plain_times = times["plain forward", "", clock]
+    print(f"{'stage':<46} {'before ms':>9}  {'x plain (IQR)':<18} {'after ms':>8}  x plain (IQR)")
+    for name in names:
         cells = []
         for side in ("before", "after"):
-            values = times[name, side]
+            values = times[name, side, clock]
             ratios = [value / plain for value, plain in zip(values, plain_times)]
             low, _, high = statistics.quantiles(ratios, n=4)
             ratio = f"{statistics.median(ratios):.2f} ({low:.2f}-{high:.2f})"
             cells.append(f"{statistics.median(values) * 1000:9.2f}  {ratio:<18}")
-        print(f"{name:<44} {cells[0]} {cells[1]}".rstrip())
+        print(f"{name:<46} {cells[0]} {cells[1]}".rstrip())
+
+
+def run_comparison(
+    description: str, stages_of: StagesOf, rounds: int, clocks: dict[str, Callable[[], float]]
+) -> tuple[argparse.Namespace, list[str], dict[tuple[str, str, str], list[float]]]:
+    """The command line (``--base``, ``--rounds``) of a before/after benchmark, and :func:`interleaved` run on it."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", required=True, help="the git revision to compare the working tree with")
+    parser.add_argument("--rounds", type=int, default=rounds)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    return args, *interleaved(args.base, stages_of, args.rounds, clocks)
+
+
+def main() -> None:
+    args, names, times = run_comparison(__doc__ or "", stages, 40, {"cpu": time.process_time})
+    plain_times = times["plain forward", "", "cpu"]
+    print(
+        f"tiny-llama, torch {torch.__version__}, 1 thread, {args.rounds} rounds, process_time medians; "
+        f"plain {statistics.median(plain_times) * 1000:.2f} ms; base {args.base}"
+    )
+    print_table(names, times, "cpu")
 
 
 if __name__ == "__main__":
