@@ -91,14 +91,8 @@ class _SpecWriter:
     def __init__(self) -> None:
         self.chunks: list[str] = []
         self.values: list[tuple[int, int]] = []
-        self._breaks = ["\n"]
+        self.newline = _Breaks().__getitem__  # a line break and the indentation of a level
         self._tensors: dict[tuple[int, int], tuple[str, str | None, str]] = {}
-
-    def newline(self, level: int) -> str:
-        breaks = self._breaks
-        while len(breaks) <= level:
-            breaks.append(breaks[-1] + "  ")
-        return breaks[level]
 
     def node(self, node: CallNode, level: int, root: bool) -> None:
         append = self.chunks.append
@@ -181,43 +175,27 @@ class _SpecWriter:
     def _tensor_texts(self, record: TensorRecord, level: int) -> tuple[str, str | None, str]:
         """The text of a tensor entry: before its ``value`` item, the item (None without a value), after it."""
         inner = self.newline(level + 1)
-        shape = spec_shape(record.shape)
-        head = "{" + inner + '"shape": "' + shape + '",' + inner + '"dtype": ' + _escape(record.dtype)
+        head = f'{{{inner}"shape": "{spec_shape(record.shape)}",{inner}"dtype": {_escape(record.dtype)}'
         value = None
-        if record.value is not None or record.file is not None:
-            if record.value is not None:
-                lines = self.newline(level + 2)
-                text = "[" + lines + ("," + lines).join(map(_escape, record.value)) + inner + "]"
-                if not record.value:
-                    text = "[]"
-            else:
-                assert record.file is not None  # a stored value: repr lines or a file
-                text = _escape(record.file)
-            value = "," + inner + '"value": ' + text
-        stats = record.spec_stats
+        if record.value is not None:
+            lines = self.newline(level + 2)
+            text = f"[{lines}{(',' + lines).join(map(_escape, record.value))}{inner}]" if record.value else "[]"
+            value = f',{inner}"value": {text}'
+        elif record.file is not None:
+            value = f',{inner}"value": {_escape(record.file)}'
         tail = self.newline(level) + "}"
-        if stats is not None:
-            mean, std, low, high = map(_escape, stats)
-            tail = (
-                ","
-                + inner
-                + '"mean": '
-                + mean
-                + ","
-                + inner
-                + '"std": '
-                + std
-                + ","
-                + inner
-                + '"min": '
-                + low
-                + ","
-                + inner
-                + '"max": '
-                + high
-                + tail
-            )
+        if record.spec_stats is not None:
+            mean, std, low, high = map(_escape, record.spec_stats)
+            tail = f',{inner}"mean": {mean},{inner}"std": {std},{inner}"min": {low},{inner}"max": {high}{tail}'
         return head, value, tail
+
+
+class _Breaks(dict[int, str]):
+    """``"\\n"`` and two spaces per level, made once per level."""
+
+    def __missing__(self, level: int) -> str:
+        text = self[level] = "\n" + "  " * level
+        return text
 
 
 def _json_key_text(key: Any) -> str:
