@@ -99,10 +99,11 @@ def save_trace(trace: Trace, directory: str | os.PathLike[str]) -> list[str]:
     if trace.meta.prune_layers:
         trace = trace.with_pruned_layers()
     steps = len(trace.steps)
+    kept = [referenced_files(step) if source else set() for step in trace.steps]
     # every value file is found (and every reference checked) before anything is written
     copies = [
-        _value_files(step, step_directory(source, i, steps), step_directory(target, i, steps)) if source else []
-        for i, step in enumerate(trace.steps)
+        _value_files(kept[i], step_directory(source, i, steps), step_directory(target, i, steps)) if source else []
+        for i in range(steps)
     ]
     written: list[Path] = []
     for i, step in enumerate(trace.steps):
@@ -113,19 +114,18 @@ def save_trace(trace: Trace, directory: str | os.PathLike[str]) -> list[str]:
             if src != dst:
                 _copy_value(src, dst)
             written.append(dst)
-        if source is not None and step_directory(source, i, steps).resolve() == out.resolve():
-            for file in referenced_files(full.steps[i]) - referenced_files(step):
+        if full is not trace and source is not None and step_directory(source, i, steps).resolve() == out.resolve():
+            for file in referenced_files(full.steps[i]) - kept[i]:  # only the pruned calls' files
                 inside(out, file).unlink(missing_ok=True)
     own = target / f"{check_model_class(trace.meta.model_class)}{OWN_SUFFIX}"
     written.append(write_atomic(own, trace_text(trace)))
     return [str(path) for path in written]
 
 
-def _value_files(step: CallNode, from_dir: Path, out: Path) -> list[tuple[Path, Path]]:
-    """(source, target) of each value file ``step`` refers to, bundle indexes included. A reference is resolved
-    inside each directory (a hostile one reads and writes nowhere), and a file the trace refers to but lacks is the
-    trace's fault, said before anything is written."""
-    kept = referenced_files(step)
+def _value_files(kept: set[str], from_dir: Path, out: Path) -> list[tuple[Path, Path]]:
+    """(source, target) of each value file in ``kept`` (a step's references), bundle indexes included. A reference
+    is resolved inside each directory (a hostile one reads and writes nowhere), and a file the trace refers to but
+    lacks is the trace's fault, said before anything is written."""
     pairs = []
     for file in sorted(kept | _bundle_indexes(from_dir, kept)):
         src, dst = inside(from_dir, file), inside(out, file)
