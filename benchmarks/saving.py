@@ -35,6 +35,7 @@ def stages(package: Any, model: torch.nn.Module, inputs: dict[str, Any], out: Pa
         "capture(path=...), eager": lambda: package.capture(model, inputs, path=out / "eager", strategy="eager"),
         "capture(path=...), auto": lambda: package.capture(model, inputs, path=out / "auto"),
         "  save(trace): all files and the picture": lambda: saving.save(trace, out / "saved"),
+        "  save(trace, graph=False): no call graph": lambda: saving.save(trace, out / "saved", graph=False),
         "    graphtrace's own file (text)": lambda: trace_json.trace_text(trace),
         "    SUMMARY + FULL_TENSORS (written)": lambda: spec_json.write_spec_files(trace.steps[-1], out, "Spec"),
         "    the call graph alone (`dot` waited for)": lambda: saving.save_call_graph(trace, out),
