@@ -488,7 +488,16 @@ def align_calls(
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=True, same_place=same_place)
     # fused projections before the leaves are aligned by structure: a wqkv's parts would otherwise pair with
     # whatever leaf has their shapes (GPT-2's c_proj with a port's k_proj)
+    # (the data flow between them is read through a provisional pairing of the leaves: after a divergence, the
+    # parts' inputs no longer agree with the fused call's, but they still come from calls paired with each other)
     taken_b = {j for j, _ in found.values()}
+
+    def provisional() -> list[tuple[CallNode, CallNode]]:
+        paired = dict(found)
+        if mode != "path":
+            _structure_pass(paired, a_calls, b_calls, tolerance, containers_only=False)
+        return [(a_calls[i], b_calls[j]) for i, (j, _) in paired.items()]
+
     fused = find_fused(
         a_root,
         b_root,
@@ -496,6 +505,7 @@ def align_calls(
         [node for i, node in enumerate(a_calls) if i not in found],
         [node for j, node in enumerate(b_calls) if j not in taken_b],
         tolerance,
+        flow=provisional,
     )
     in_fused = {id(node) for group in fused for node in (group.fused, *group.parts)}
     reserved = (
