@@ -31,6 +31,7 @@ from tests.independent_cases import (  # noqa: E402
     FAITHFUL,
     MODES,
     NEOX_CASES,
+    REORDERED,
     SPLIT_CASES,
     STATS_EXPECTED,
     VIT_CASES,
@@ -78,7 +79,9 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     inputs["neox"] = ({"input_ids": neox_ids}, (neox_ids,))
     inputs["gpt2-split"] = inputs["gpt2"]
     faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False))
-    cases = [(arch, None, fused, None) for arch, fused in faithful] + list(CASES) + VIT_CASES + BERT_CASES
+    cases = [(arch, None, fused, None) for arch, fused in faithful]
+    cases += [(arch, variant, False, None) for arch, variant in REORDERED]
+    cases += list(CASES) + VIT_CASES + BERT_CASES
     cases += SPLIT_CASES + NEOX_CASES
     rows = []
     for values in MODES:
@@ -91,6 +94,8 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         for arch, bug, fused, expected in cases:
             port = work / f"{arch}-{bug}-{fused}-{values}"
             name = f"{arch} {bug or 'faithful'}{' (fused qkv)' if fused else ''}"
+            if bug and expected is None:
+                name = f"{arch} faithful, {bug}"
             for mapped in (False, True):
                 try:
                     if not port.exists():

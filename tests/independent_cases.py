@@ -26,6 +26,10 @@ CASES = [
 ]
 FAITHFUL = [("llama", False), ("llama", True), ("gpt2", False)]
 
+# faithful ports that run independent calls in another order than the original, by (arch, variant): the variant is
+# passed as the port's ``bug`` though it is none (tests/independent_llama.py and independent_neox.py VARIANTS)
+REORDERED = [("llama", "vkq_order"), ("neox", "mlp_first")]
+
 # the timm-style ViT (tests/independent_vit.py) against transformers' ViTForImageClassification; "" is the model's
 # own code (the class token's position embedding is added there)
 VIT_CASES = [
@@ -33,7 +37,7 @@ VIT_CASES = [
     ("vit", "qkv_order", False, "blocks.1.attn"),
     ("vit", "tanh_gelu", False, "blocks.2.mlp.act"),
     ("vit", "cls_without_position", False, ""),
-    ("vit", "qkq_without_bias", False, "blocks.1.attn.qkv"),
+    ("vit", "qkv_without_bias", False, "blocks.1.attn.qkv"),
 ]
 
 # a from-scratch BERT encoder (tests/independent_bert.py) against transformers' BertModel: its blocks keep the

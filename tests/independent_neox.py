@@ -28,6 +28,8 @@ BUGS = (
     "final_eps",  # the final norm's eps 1e-6 where the original uses 1e-5
 )
 
+VARIANTS = ("mlp_first",)  # faithful, not bugs: every block runs its MLP branch before its attention
+
 RULES = (
     "gpt_neox.embed_in=transformer.wte",
     "gpt_neox.layers.{i}=transformer.h.{i}",
@@ -84,8 +86,9 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config, bug: str | None) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, config, bug: str | None, mlp_first: bool = False) -> None:  # type: ignore[no-untyped-def]
         super().__init__()
+        self.mlp_first = mlp_first
         dim, heads = config.hidden_size, config.num_attention_heads
         rotary = int(dim // heads * config.rope_parameters["partial_rotary_factor"])
         self.parallel = bug != "sequential_residual"
@@ -96,6 +99,9 @@ class Block(nn.Module):
         self.drop = nn.Dropout(0.0)
 
     def forward(self, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+        if self.parallel and self.mlp_first:  # the two branches are independent: either may run first
+            fed = self.drop(self.mlp(self.norm_2(x)))
+            return x + self.drop(self.attn(self.norm_1(x), angles)) + fed
         attended = self.drop(self.attn(self.norm_1(x), angles))
         if self.parallel:
             return x + attended + self.drop(self.mlp(self.norm_2(x)))
@@ -104,20 +110,21 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, config, bug: str | None) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, config, bug: str | None, mlp_first: bool) -> None:  # type: ignore[no-untyped-def]
         super().__init__()
         buggy = {"full_rotary": 0, "sequential_residual": 1, "contiguous_qkv": 2, "tanh_gelu": 2}
         self.wte = nn.Embedding(config.vocab_size, config.hidden_size)
         self.h = nn.ModuleList(
-            Block(config, bug if buggy.get(bug or "") == i else None) for i in range(config.num_hidden_layers)
+            Block(config, bug if buggy.get(bug or "") == i else None, mlp_first)
+            for i in range(config.num_hidden_layers)
         )
         self.ln_f = nn.LayerNorm(config.hidden_size, eps=1e-6 if bug == "final_eps" else config.layer_norm_eps)
 
 
 class PythiaPort(nn.Module):
-    def __init__(self, config, bug: str | None = None) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, config, bug: str | None = None, mlp_first: bool = False) -> None:  # type: ignore[no-untyped-def]
         super().__init__()
-        self.transformer = Transformer(config, bug)
+        self.transformer = Transformer(config, bug, mlp_first)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         head = config.hidden_size // config.num_attention_heads
         rotary = head if bug == "full_rotary" else int(head * config.rope_parameters["partial_rotary_factor"])
@@ -158,10 +165,13 @@ def _interleaving(head: int, rotary: int) -> torch.Tensor:
     return torch.cat([turned, torch.arange(rotary, head)])
 
 
-def port_of(hf, bug: str | None = None) -> PythiaPort:  # type: ignore[no-untyped-def]
-    """The port of ``hf`` (transformers' GPTNeoXForCausalLM), its weights copied."""
+def port_of(hf, bug: str | None = None, mlp_first: bool = False) -> PythiaPort:  # type: ignore[no-untyped-def]
+    """The port of ``hf`` (transformers' GPTNeoXForCausalLM), its weights copied; ``mlp_first`` runs each block's
+    MLP branch before its attention (the parallel residual allows either order)."""
     config = hf.config
-    port = PythiaPort(config, bug).eval()
+    if bug == "mlp_first":
+        bug, mlp_first = None, True
+    port = PythiaPort(config, bug, mlp_first).eval()
     heads, dim = config.num_attention_heads, config.hidden_size
     head = dim // heads
     rotary = int(head * config.rope_parameters["partial_rotary_factor"])
@@ -196,4 +206,4 @@ def token_ids(seed: int = 1) -> torch.Tensor:
     return torch.randint(0, 96, (2, 11), generator=torch.Generator().manual_seed(seed))
 
 
-__all__ = ["BUGS", "RULES", "PythiaPort", "hf_neox", "port_of", "token_ids"]
+__all__ = ["BUGS", "RULES", "VARIANTS", "PythiaPort", "hf_neox", "port_of", "token_ids"]

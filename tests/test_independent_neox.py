@@ -101,3 +101,18 @@ def test_fused_parts_after_a_divergence_still_pair_with_the_fused_call(
     fused = {call.b.path.partition(".")[2] for call in result.calls if call.how == "fused"}
     assert {"transformer.h.2.attn.q", "transformer.h.2.attn.k", "transformer.h.2.attn.v"} <= fused, result.table()
     assert not [u.call.path for u in result.only_in_b if ".h.2.attn" in u.call.path and "drop" not in u.call.path]
+
+
+@pytest.mark.parametrize("values", ["bundle", "repr"])
+def test_a_port_running_the_parallel_mlp_branch_first_compares_equal(
+    captured: Callable[..., tuple[Path, Path]], values: str
+) -> None:
+    """The parallel residual lets a port run its MLP before its attention: inside blocks whose outputs agree, the
+    sublayers pair by what they compute, not by when they run."""
+    a, b = captured("mlp_first", values)
+    result = graphtrace.compare(a, b)
+    assert result.equal, result.table()
+    pairs = {call.a.path.partition(".")[2]: call.b.path.partition(".")[2] for call in result.calls}
+    assert pairs["gpt_neox.layers.1.attention"] == "transformer.h.1.attn"
+    assert pairs["gpt_neox.layers.1.input_layernorm"] == "transformer.h.1.norm_1"
+    assert pairs["gpt_neox.layers.1.mlp"] == "transformer.h.1.mlp"

@@ -6,7 +6,8 @@ differ. Here, among the calls alignment left unmatched, a *fused* call pairs wit
 
 - the fused call's nearest matched caller is matched with the parts' nearest matched caller (they sit at the same
   place in both models, though one may wrap them in a container the other lacks),
-- every part is a module call taking an input of the fused call's shape, in execution order, and
+- every part is a module call taking an input of the fused call's shape, in execution order, a leaf when the
+  fused call is one, and
 - the parts' outputs, concatenated along the last dimension, have the fused output's shape and dtype, and
 - every part was given what the fused call was given: its first input's statistics agree, or (after a divergence
   upstream, when they no longer do) it reads the output of a call paired with the one the fused call reads. A
@@ -118,6 +119,8 @@ def _runs(
     for node in candidates:
         part_out, part_in = _single_output(node), _first_input(node)
         if part_out is None or part_in is None or not part_out.shape or part_out.dtype != out.dtype:
+            usable.append(None)
+        elif node.leaf != fused.leaf:  # a projection's parts are projections, not an attention around them
             usable.append(None)
         elif squeezed(part_in.shape) != squeezed(given.shape) or squeezed(part_out.shape[:-1]) != lead:
             usable.append(None)
