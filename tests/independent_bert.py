@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from tests.port_traces import randomized
+
 BUGS = (
     "no_token_types",  # the token type embedding left out of the sum (the embeddings' own code)
     "norm_before_residual",  # block 1 normalises the attention's output before adding the residual
@@ -138,11 +140,7 @@ def hf_bert(layers: int = 3, seed: int = 0):  # type: ignore[no-untyped-def]
         max_position_embeddings=32,
         attn_implementation="eager",
     )
-    model = BertModel(config).eval()
-    with torch.no_grad():  # LayerNorms start at ones and zeros: random values make the test sharper
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.3)
-    return model
+    return randomized(BertModel(config).eval(), 0.3)
 
 
 def port_of(hf, bug: str | None = None) -> Encoder:  # type: ignore[no-untyped-def]

@@ -25,6 +25,8 @@ BUGS = (
     "bf16_attention",  # attention computed in bfloat16
 )
 
+VARIANTS = ("vkq_order",)  # faithful, not bugs: every attention computes v, then k, then q
+
 RULES = (
     "model.embed_tokens=tok_embeddings",
     "model.layers.{i}=layers.{i}",
@@ -87,6 +89,10 @@ class Attention(nn.Module):
         kv = self.n_kv_heads * self.head_dim
         if self.fused:
             xq, xk, xv = self.wqkv(x).split([dim, kv, kv], dim=-1)
+        elif self.bug == "vkq_order":  # faithful: the three projections are independent, any order will do
+            xv = self.wv(x)
+            xk = self.wk(x)
+            xq = self.wq(x)
         else:
             xq, xk, xv = self.wq(x), self.wk(x), self.wv(x)
         xq = xq.view(bsz, seqlen, self.n_heads, self.head_dim)
@@ -144,7 +150,7 @@ class Transformer(nn.Module):
             TransformerBlock(
                 cfg,
                 fused,
-                bug if i == bug_layer or bug in ("scale_1_over_d", "bf16_attention") else None,
+                bug if i == bug_layer or bug in ("scale_1_over_d", "bf16_attention", "vkq_order") else None,
                 1e-6 if bug == "eps" and i == bug_layer else cfg["eps"],
             )
             for i in range(n_layers)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tests.port_traces import randomized
+
 BUGS = (
     "scale_1_over_d",  # attention scores scaled by 1/d instead of 1/sqrt(d) (block 0)
     "qkv_order",  # the fused projection unbound as k, q, v while its weight holds q, k, v (block 1)
@@ -150,11 +152,7 @@ def hf_vit(layers: int = 3, seed: int = 0):  # type: ignore[no-untyped-def]
         num_channels=3,
         num_labels=5,
     )
-    model = ViTForImageClassification(config).eval()
-    with torch.no_grad():  # transformers initialises these to zeros and ones: random values make the test sharper
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.3)
-    return model
+    return randomized(ViTForImageClassification(config).eval(), 0.3)
 
 
 def port_of(hf, bug: str | None = None) -> VisionTransformer:  # type: ignore[no-untyped-def]

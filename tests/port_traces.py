@@ -5,13 +5,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 import graphtrace
 
 PortOf = Callable[[torch.nn.Module, str | None], torch.nn.Module]
+ModelT = TypeVar("ModelT", bound=torch.nn.Module)
+
+
+def randomized(model: ModelT, std: float) -> ModelT:
+    """``model`` with every parameter drawn from N(0, std): transformers starts norms at ones and zeros and some
+    embeddings at zeros, where random values make a swapped or misplaced module show."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, std)
+    return model
 
 
 def port_traces(

@@ -13,6 +13,8 @@ import torch
 import graphtrace
 from graphtrace.cli import EXIT_BAD_INPUT, main
 from graphtrace.compare import Comparison, align
+from graphtrace.compare.fused import find_fused
+from graphtrace.compare.fused_layout import part_columns
 from graphtrace.compare.rules import apply_rules, parse_rule, parse_rules
 from graphtrace.errors import InvalidOptionError
 from graphtrace.model import CallNode, Stats, TensorRecord
@@ -201,3 +203,53 @@ def test_large_gaps_still_pair_every_call(monkeypatch: pytest.MonkeyPatch, regim
     assert pairs == [(f"linear{i}", f"fc{i}") for i in range(90)]
     assert all(node.type_name == "Dropout" for node in alignment.only_a) and len(alignment.only_a) == 30
     assert {m.how for m in alignment.matches[1:]} == {"structure"}
+
+
+# -- fused projections -----------------------------------------------------------------------------------------------
+
+
+def _record(width: int, seed: float = 0.0) -> TensorRecord:
+    return TensorRecord(shape=(1, 4, width), dtype="torch.float32", stats=Stats(seed, 1.0, -2.0, 2.0))
+
+
+def test_a_fused_projection_s_parts_are_projections_not_the_container_around_them() -> None:
+    """A container that happens to take the fused call's input and return a part's width is not a part."""
+    hidden = _record(8)
+    qkv = CallNode(path="A.attn.qkv", type_name="Linear", args=(hidden,), outputs=_record(24, 0.5))
+    a_attn = CallNode(path="A.attn", leaf=False, args=(hidden,), outputs=_record(8, 0.7), children=(qkv,))
+    a_root = CallNode(path="A", leaf=False, args=(hidden,), outputs=_record(8, 0.9), children=(a_attn,))
+    inner_leaf = CallNode(path="B.attn.inner.down", type_name="Linear", args=(hidden,), outputs=_record(4, 0.1))
+    inner = CallNode(path="B.attn.inner", leaf=False, args=(hidden,), outputs=_record(8, 0.1), children=(inner_leaf,))
+    parts = [CallNode(path=f"B.attn.{name}", type_name="Linear", args=(hidden,), outputs=_record(8)) for name in "qkv"]
+    b_attn = CallNode(path="B.attn", leaf=False, args=(hidden,), outputs=_record(8, 0.7), children=(inner, *parts))
+    b_root = CallNode(path="B", leaf=False, args=(hidden,), outputs=_record(8, 0.9), children=(b_attn,))
+    unmatched_b = [inner, *parts]  # the container's own calls are paired elsewhere or carry no fitting output
+    found = find_fused(a_root, b_root, [(a_root, b_root), (a_attn, b_attn)], [qkv], unmatched_b)
+    assert [[part.path for part in match.parts] for match in found] == [["B.attn.q", "B.attn.k", "B.attn.v"]]
+
+
+def _fused_per_group(parts: list[torch.Tensor], groups: int) -> torch.Tensor:
+    """The parts laid out as ``groups`` groups of their chunks in order: [q0 k0 v0 q1 k1 v1 ...]."""
+    chunks = [part.reshape(*part.shape[:-1], groups, -1) for part in parts]
+    return torch.cat(chunks, dim=-1).flatten(-2)
+
+
+def test_each_part_s_columns_are_found_in_any_grouping() -> None:
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 5, 32), torch.randn(2, 5, 16), torch.randn(2, 5, 16)  # grouped-query widths
+    for groups in (1, 2, 4, 8):
+        fused = _fused_per_group([q, k, v], groups)
+        rotated = q[..., torch.randperm(32)]  # a port may hold a part's columns in another order (a rotary layout)
+        layout = part_columns(fused, [rotated, k, v], rtol=1.3e-6, atol=1e-5)
+        assert layout.groups == groups
+        for part, columns in zip((q, k, v), layout.columns):
+            assert torch.equal(fused.index_select(-1, columns), part)
+
+
+def test_a_departing_part_does_not_hide_the_layout_of_the_others() -> None:
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(3, 7, 24) for _ in range(3))
+    fused = _fused_per_group([q, k, v], 4)
+    layout = part_columns(fused, [q, k, v + 0.5], rtol=1.3e-6, atol=1e-5)
+    assert layout.groups == 4
+    assert torch.equal(fused.index_select(-1, layout.columns[0]), q)

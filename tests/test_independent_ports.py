@@ -193,3 +193,16 @@ def test_a_port_without_an_mlp_module_is_blamed_where_the_bug_lives(
     )
     result = graphtrace.compare(tmp_path / "a", tmp_path / "b")
     assert _named(result) == expected, result.table()
+
+
+@pytest.mark.parametrize("values", ["bundle", "repr"])
+def test_a_port_computing_v_k_q_in_another_order_compares_equal(
+    captured: Callable[..., tuple[Path, Path]], values: str
+) -> None:
+    """No order-preserving alignment pairs q_proj with wq when the port calls wv first: inside an attention whose
+    output agrees, its projections pair by what they compute, in whatever order they run."""
+    a, b = captured("llama", "vkq_order", False, values)
+    result = graphtrace.compare(a, b)
+    assert result.equal, result.table()
+    pairs = {call.a.path.rpartition(".")[2]: call.b.path.rpartition(".")[2] for call in result.calls}
+    assert (pairs["q_proj"], pairs["k_proj"], pairs["v_proj"]) == ("wq", "wk", "wv")

@@ -45,6 +45,10 @@ DP_CELL_LIMIT = 1_000_000
 
 _WINDOW = 128
 
+EVIDENCE_CELLS = 4096
+"""Children of two paired containers are set against each other by what they compute when there are at most this
+many candidate pairs (a block's sublayers, an attention's projections; not a flat model of thousands of leaves)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Match:
@@ -186,16 +190,16 @@ class _Scorer:
         if x.n_inputs == y.n_inputs:
             score += 1
 
-        same_output = self._close(x.probe, y.probe)
+        same_output = self.close(x.probe, y.probe)
         if same_output:
             score += 4
-        if x.node.leaf and not same_output and self._close(x.in_probe, y.in_probe):
+        if x.node.leaf and not same_output and self.close(x.in_probe, y.in_probe):
             score += 2  # a norm given the residual sum, not the dropout given the projection, when outputs differ
         if not x.node.leaf and not y.node.leaf:
             # after a divergence no statistic agrees: what the containers are made of, and what they were given
             # (a block and its first sublayer's input differ by a norm), still tell them apart
             shared = sum((x.child_types & y.child_types).values())
-            same_input = self._close(x.in_probe, y.in_probe)
+            same_input = self.close(x.in_probe, y.in_probe)
             score += min(2, shared) + (2 if same_input else 0)
             if max(x.size, y.size) <= 2 * min(x.size, y.size):
                 score += 1  # a block is more like a block than like the stack of all blocks
@@ -208,7 +212,7 @@ class _Scorer:
                 return 0  # fitting shapes alone do not make two containers one: models are cut in many ways
         return score
 
-    def _close(self, x: StatPoint | None, y: StatPoint | None) -> bool:
+    def close(self, x: StatPoint | None, y: StatPoint | None) -> bool:
         if x is None or y is None:
             return False
         dtypes = (x.dtype, y.dtype)
@@ -384,6 +388,66 @@ def _structure_pass(
             found[gap_a[x]] = (gap_b[y], "structure")
 
 
+def _same_computation(x: _Signature, y: _Signature, score: _Scorer) -> bool:
+    """Two calls that take tensors of the same shapes, were given the same input (when both inputs are measured) and
+    returned the same first output, by its statistics (an attention may return its weights too, a port's not)."""
+    return (
+        x.key == y.key
+        and x.first_out is not None
+        and y.first_out is not None
+        and x.first_out.shape == y.first_out.shape
+        and score.close(x.probe, y.probe)
+        and (x.in_probe is None or y.in_probe is None or score.close(x.in_probe, y.in_probe))
+    )
+
+
+def _evidence_pass(
+    found: dict[int, tuple[int, MatchKind]],
+    a_calls: Sequence[CallNode],
+    b_calls: Sequence[CallNode],
+    positions: tuple[dict[int, int], dict[int, int]],
+    tolerance: Tolerance,
+) -> bool:
+    """Pair the children of two paired containers that return the same output by what they compute, in whatever
+    order they run (True when any pair was added). A port may run independent calls in another order (v, k, q; a
+    parallel residual's MLP before its attention), which no order-preserving alignment pairs. Only inside
+    containers that agree, and only pairs that no other child fits: where a container departs, the order decides,
+    so that a port that swapped two projections' weights is blamed at the projection, not for its code."""
+    score = _Scorer(tolerance)
+    position_a, position_b = positions
+    matched_b = {j for j, _ in found.values()}
+    added = False
+    for i, (j, _) in list(found.items()):
+        parent_a, parent_b = a_calls[i], b_calls[j]
+        if parent_a.leaf or parent_b.leaf or parent_a.outputs is None or parent_b.outputs is None:
+            continue
+        xs = [k for k in (position_a[id(child)] for child in parent_a.children) if k not in found]
+        ys = [k for k in (position_b[id(child)] for child in parent_b.children) if k not in matched_b]
+        xs = [k for k in xs if _aligns(a_calls[k], containers_only=False)]
+        ys = [k for k in ys if _aligns(b_calls[k], containers_only=False)]
+        if not xs or not ys or len(xs) * len(ys) > EVIDENCE_CELLS:
+            continue
+        if not score.close(_output_probe(parent_a), _output_probe(parent_b)):
+            continue
+        signatures_b = {k: _Signature(b_calls[k]) for k in ys}
+        fits = {}
+        for k in xs:
+            x = _Signature(a_calls[k])
+            fits[k] = [other for other in ys if _same_computation(x, signatures_b[other], score)]
+        takers = Counter(other for fitting in fits.values() for other in fitting)
+        for k, fitting in fits.items():
+            if len(fitting) == 1 and takers[fitting[0]] == 1:
+                found[k] = (fitting[0], "structure")
+                matched_b.add(fitting[0])
+                added = True
+    return added
+
+
+def _output_probe(node: CallNode) -> StatPoint | None:
+    first = next((record for _, record in node.output_tensors()), None)
+    return StatPoint.of(first) if first is not None else None
+
+
 def _passes_through(node: CallNode) -> bool:
     """A call that returns what it was given (a dropout in eval mode, an identity): where it sits says nothing."""
     if not node.leaf:
@@ -481,14 +545,28 @@ def align_calls(
         found = _by_path(a_calls, b_root, b_calls, a_root, rules, used)
         found[0] = (0, "path")
     if mode != "path":
+        positions = ({id(node): i for i, node in enumerate(a_calls)}, {id(node): j for j, node in enumerate(b_calls)})
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=True)
+        while _evidence_pass(found, a_calls, b_calls, positions, tolerance):
+            pass  # a pair found by evidence may be a container whose own children then pair
         # again, now that the outer containers are paired: the ones inside them pair by what they are made of
         pairs = [(a_calls[i], b_calls[j]) for i, (j, _) in found.items()]
         same_place = _SamePlace(a_root, b_root, pairs)
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=True, same_place=same_place)
+        while _evidence_pass(found, a_calls, b_calls, positions, tolerance):
+            pass
     # fused projections before the leaves are aligned by structure: a wqkv's parts would otherwise pair with
     # whatever leaf has their shapes (GPT-2's c_proj with a port's k_proj)
+    # (the data flow between them is read through a provisional pairing of the leaves: after a divergence, the
+    # parts' inputs no longer agree with the fused call's, but they still come from calls paired with each other)
     taken_b = {j for j, _ in found.values()}
+
+    def provisional() -> list[tuple[CallNode, CallNode]]:
+        paired = dict(found)
+        if mode != "path":
+            _structure_pass(paired, a_calls, b_calls, tolerance, containers_only=False)
+        return [(a_calls[i], b_calls[j]) for i, (j, _) in paired.items()]
+
     fused = find_fused(
         a_root,
         b_root,
@@ -496,6 +574,7 @@ def align_calls(
         [node for i, node in enumerate(a_calls) if i not in found],
         [node for j, node in enumerate(b_calls) if j not in taken_b],
         tolerance,
+        flow=provisional,
     )
     in_fused = {id(node) for group in fused for node in (group.fused, *group.parts)}
     reserved = (

@@ -6,21 +6,24 @@ differ. Here, among the calls alignment left unmatched, a *fused* call pairs wit
 
 - the fused call's nearest matched caller is matched with the parts' nearest matched caller (they sit at the same
   place in both models, though one may wrap them in a container the other lacks),
-- every part is a module call taking an input of the fused call's shape, in execution order, and
+- every part is a module call taking an input of the fused call's shape, in execution order, a leaf when the
+  fused call is one, and
 - the parts' outputs, concatenated along the last dimension, have the fused output's shape and dtype, and
-- every part was given what the fused call was given (its first input's statistics agree): a projection fused
-  with others reads the same hidden state, while calls that merely have fitting shapes (an MLP's up projection
-  and the two norms of a block) read different ones.
+- every part was given what the fused call was given: its first input's statistics agree, or (after a divergence
+  upstream, when they no longer do) it reads the output of a call paired with the one the fused call reads. A
+  projection fused with others reads the same hidden state, while calls that merely have fitting shapes (an MLP's
+  up projection and the two norms of a block) read different ones.
 
-Each part is then compared with its slice of the fused output (values, with the usual equivalences such as a
-rotary layout permutation); with statistics only, the fused output's statistics are compared with those of the
-concatenation, which follow exactly from the parts' (count-weighted means and variances, min of mins, max of maxes).
+Each part is then compared with its columns of the fused output, side by side or per head
+(compare/fused_layout.py), with the usual equivalences such as a rotary layout permutation; with statistics only,
+the fused output's statistics are compared with those of the concatenation, which follow exactly from the parts'
+(count-weighted means and variances, min of mins, max of maxes).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from graphtrace.compare.measure import StatPoint, Tolerance, squeezed
@@ -81,7 +84,32 @@ def _same_input(given: TensorRecord, other: TensorRecord, tolerance: Tolerance) 
     return x is None or y is None or x.close_to(y, *tolerance.for_dtypes(x.dtype, y.dtype))
 
 
-def _runs(fused: CallNode, candidates: Sequence[CallNode], tolerance: Tolerance) -> Iterator[tuple[CallNode, ...]]:
+def _fed_alike(flow: Callable[[], Sequence[tuple[CallNode, CallNode]]]) -> Callable[[CallNode, CallNode], bool]:
+    """Whether two calls (one of each trace) received the output of calls paired with each other (data flow):
+    after a divergence upstream their inputs differ in both traces alike, and they still read the same thing.
+    The pairs come from ``flow``, asked once, on first use."""
+    counterparts: list[tuple[dict[str, str], dict[str, str]]] = []
+
+    def fed_alike(one: CallNode, other: CallNode) -> bool:
+        if not counterparts:
+            pairs = flow()
+            counterparts.append(({a.id: b.id for a, b in pairs}, {b.id: a.id for a, b in pairs}))
+        by_id_a, by_id_b = counterparts[0]
+        for mapping, mine, theirs in ((by_id_a, one, other), (by_id_b, other, one)):
+            fed = {mapping[source] for source in mine.inputs_from if source in mapping}
+            if fed & set(theirs.inputs_from):
+                return True
+        return False
+
+    return fed_alike
+
+
+def _runs(
+    fused: CallNode,
+    candidates: Sequence[CallNode],
+    tolerance: Tolerance,
+    fed_alike: Callable[[CallNode, CallNode], bool],
+) -> Iterator[tuple[CallNode, ...]]:
     """Runs of consecutive candidates whose outputs, side by side, make up ``fused``'s output."""
     out, given = _single_output(fused), _first_input(fused)
     if out is None or given is None or not out.shape:
@@ -92,9 +120,11 @@ def _runs(fused: CallNode, candidates: Sequence[CallNode], tolerance: Tolerance)
         part_out, part_in = _single_output(node), _first_input(node)
         if part_out is None or part_in is None or not part_out.shape or part_out.dtype != out.dtype:
             usable.append(None)
+        elif node.leaf != fused.leaf:  # a projection's parts are projections, not an attention around them
+            usable.append(None)
         elif squeezed(part_in.shape) != squeezed(given.shape) or squeezed(part_out.shape[:-1]) != lead:
             usable.append(None)
-        elif not _same_input(given, part_in, tolerance):
+        elif not _same_input(given, part_in, tolerance) and not fed_alike(fused, node):
             usable.append(None)
         else:
             usable.append(part_out.shape[-1])
@@ -119,11 +149,14 @@ def find_fused(
     only_a: Sequence[CallNode],
     only_b: Sequence[CallNode],
     tolerance: Tolerance | None = None,
+    flow: Callable[[], Sequence[tuple[CallNode, CallNode]]] | None = None,
 ) -> list[FusedMatch]:
     """Fused calls among the unmatched ones, in either direction (see the module docstring); ``pairs`` are the
-    calls matched so far, (A, B)."""
+    calls matched so far, (A, B); ``flow`` gives pairs (provisional, leaves included) to follow data flow through,
+    asked for only when a part's input statistics disagree with the fused call's."""
     counterpart_of_b = {id(b): a for a, b in pairs}
     counterpart_of_a = {id(a): b for a, b in pairs}
+    fed_alike = _fed_alike(flow or (lambda: pairs))
     parents_a, parents_b = _parents(root_a), _parents(root_b)
     found: list[FusedMatch] = []
     used: set[int] = set()
@@ -148,7 +181,7 @@ def find_fused(
             candidates = [node for node in by_caller.get(id(caller), ()) if id(node) not in used]
             if any(_same_output(fused, node) for node in candidates):
                 continue  # a call of the fused one's own shape is there: a one-to-one pair, left to alignment
-            run = next(_runs(fused, candidates, tolerance or Tolerance()), None)
+            run = next(_runs(fused, candidates, tolerance or Tolerance(), fed_alike), None)
             if run is None:
                 continue
             offsets, at = [], 0

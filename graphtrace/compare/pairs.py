@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from graphtrace.compare.align import Match, MatchKind
 from graphtrace.compare.fused import FusedMatch, concatenated_record
+from graphtrace.compare.fused_layout import part_columns
 from graphtrace.compare.measure import Status, TensorDiff, Tolerance, measure, squeezed
 from graphtrace.errors import TraceFormatError
 from graphtrace.model import CallNode, TensorRecord, Trace
@@ -196,26 +197,30 @@ def diff_call(step: int, match: Match, tolerance: Tolerance, stored: StoredValue
 
 
 def diff_fused(step: int, fused: FusedMatch, tolerance: Tolerance, stored: StoredValues) -> list[CallDiff]:
-    """One pair per part of a fused projection: the part against its slice of the fused output (with full values),
-    or the concatenation of the parts against the fused output (with statistics only)."""
+    """One pair per part of a fused projection: the part against its columns of the fused output (with full
+    values: side by side or per head, see compare/fused_layout.py), or the concatenation of the parts against the
+    fused output (with statistics only)."""
     fused_out = _single(fused.fused)
     part_outs = [_single(part) for part in fused.parts]
     combined = concatenated_record(part_outs)
+    values = _fused_values(fused, fused_out, part_outs, stored)
+    layout = None
+    if values is not None:
+        rtol, atol = tolerance.for_dtypes(fused_out.dtype, part_outs[0].dtype)
+        layout = part_columns(values[0], values[1], rtol, atol)
     diffs = []
-    for part, part_out, offset in zip(fused.parts, part_outs, fused.offsets):
+    for k, (part, part_out, offset) in enumerate(zip(fused.parts, part_outs, fused.offsets)):
         a, b = (fused.fused, part) if fused.fused_in_a else (part, fused.fused)
         in_pairs, in_a, in_b = _pair(a.input_tensors(), b.input_tensors(), any_shape=False)
         width = part_out.shape[-1]
-        where = f"[..., {offset}:{offset + width}]"
-        a_out, b_out = (fused_out, part_out) if fused.fused_in_a else (part_out, fused_out)
-        values = stored.both(a_out, b_out)
-        if values is not None:
-            sliced = list(values)
-            side = 0 if fused.fused_in_a else 1
-            sliced[side] = sliced[side][..., offset : offset + width]
+        where = f"[..., {offset}:{offset + width}]" if layout is None else layout.where(k, width, offset)
+        if values is not None and layout is not None:
+            whole, own = values[0], values[1][k]
+            sliced = whole.index_select(-1, layout.columns[k]).reshape(own.shape)
+            pair = (sliced, own) if fused.fused_in_a else (own, sliced)
             a_rec = b_rec = part_out  # the slice has the part's shape and dtype
             name_a, name_b = ("outputs" + where, "outputs") if fused.fused_in_a else ("outputs", "outputs" + where)
-            output = measure(name_a, a_rec, name_b, b_rec, tolerance, (sliced[0], sliced[1]))
+            output = measure(name_a, a_rec, name_b, b_rec, tolerance, pair)
         elif combined is not None:
             a_rec, b_rec = (fused_out, combined) if fused.fused_in_a else (combined, fused_out)
             output = measure("outputs", a_rec, "outputs", b_rec, tolerance)
@@ -226,8 +231,10 @@ def diff_fused(step: int, fused: FusedMatch, tolerance: Tolerance, stored: Store
                 ),
             )
         else:
+            a_out, b_out = (fused_out, part_out) if fused.fused_in_a else (part_out, fused_out)
             output = measure("outputs", a_out, "outputs", b_out, tolerance)
-        note = f"a slice {where} of the fused {fused.fused.path.rpartition('.')[2]}"
+        kind = "a slice" if layout is None or layout.groups == 1 else "a per-head slice"
+        note = f"{kind} {where} of the fused {fused.fused.path.rpartition('.')[2]}"
         output = dataclasses.replace(output, equivalence=_join_note(note, output.equivalence))
         diffs.append(
             CallDiff(
@@ -243,6 +250,23 @@ def diff_fused(step: int, fused: FusedMatch, tolerance: Tolerance, stored: Store
             )
         )
     return diffs
+
+
+def _fused_values(
+    fused: FusedMatch, fused_out: TensorRecord, part_outs: list[TensorRecord], stored: StoredValues
+) -> tuple[Any, list[Any]] | None:
+    """The fused output's values and each part's, or None unless every one of them has a file."""
+    whole = None
+    own = []
+    for part_out in part_outs:
+        a_out, b_out = (fused_out, part_out) if fused.fused_in_a else (part_out, fused_out)
+        values = stored.both(a_out, b_out)
+        if values is None:
+            return None
+        fused_values, part_values = (values[0], values[1]) if fused.fused_in_a else (values[1], values[0])
+        whole = fused_values if whole is None else whole
+        own.append(part_values)
+    return (whole, own) if whole is not None else None
 
 
 def _single(node: CallNode) -> TensorRecord:

@@ -42,7 +42,8 @@ class Divergence:
     ``call`` is the module to look at. ``inside`` is True when the departure lies in that module's own code
     (between the calls it makes, or after its last one): ``before`` is then the first call inside it whose inputs
     already differ, if any. ``explanation`` says it in words; ``op_locus`` is for a finer location inside the
-    module (an op of the port), when one was found.
+    module (an op of the port), when one was found. ``parts`` are the pairs of a fused call of A with B's separate
+    projections when statistics cannot tell which of them departs (``call`` is then B's module that calls them).
     """
 
     call: CallDiff
@@ -50,6 +51,7 @@ class Divergence:
     explanation: str
     before: CallDiff | None = None
     op_locus: object | None = None
+    parts: tuple[CallDiff, ...] = ()
 
 
 def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) -> Divergence | None:
@@ -67,7 +69,16 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
     outermost calls already disagree on their inputs (the traces were given different inputs), the first
     diverging call is named, as before.
     """
-    module_calls = {id(call.a): call for call in calls if call.a.kind != "op"}
+    module_calls: dict[int, CallDiff] = {}
+    fused_parts: dict[int, list[CallDiff]] = {}  # A's fused calls -> their pairs with B's parts
+    for call in calls:
+        if call.how == "fused":
+            fused_parts.setdefault(id(call.a), []).append(call)
+    for call in calls:  # a fused call of A is paired once per part of B: the first part that diverges speaks for it
+        if call.a.kind != "op":
+            kept = module_calls.setdefault(id(call.a), call)
+            if kept.status != "diverged" and call.status == "diverged":
+                module_calls[id(call.a)] = call
     b_tree = _BTree(calls, steps)
     b_counterparts: dict[str, set[str]] = {}
     for call in module_calls.values():
@@ -112,6 +123,9 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
                 f"(B's module also stands for {', '.join(sorted(b_counterparts[here.b.path] - {here.a.path}))})",
                 before=here,
             )
+        parts = fused_parts.get(id(node), ())
+        if len(parts) > 1 and not any(d.basis == "values" for d in here.outputs):
+            return _fused_by_statistics(here, parts, b_tree)
         own = any(id(child) in module_calls for child in node.children)
         if own:
             why = "its inputs and every call inside it agree, its output does not: the departure is in its own code"
@@ -128,6 +142,22 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
         return None
     why = "its inputs agree, its output does not" if legacy.inputs_agree else "its inputs already differ"
     return Divergence(legacy, False, f"{_short_name(legacy)}: {why} ({legacy.reason})")
+
+
+def _fused_by_statistics(here: CallDiff, parts: Sequence[CallDiff], b_tree: _BTree) -> Divergence:
+    """A fused call of A whose output, by statistics, is not B's parts side by side: statistics of the whole cannot
+    tell which part departs, so B's module that calls them all is named (the first part when there is none)."""
+    callers = {id(b_tree.parent.get(id(part.b))) for part in parts}
+    caller = b_tree.parent.get(id(here.b))
+    names = ", ".join(part.b.path.rpartition(".")[2] for part in parts)
+    why = (
+        f"the outputs of {names} side by side do not match A's fused {here.a.path.rpartition('.')[2]} "
+        f"({here.reason}); statistics cannot tell which of them departs: capture both traces with values='bundle' "
+        f"or 'safetensors' to find it"
+    )
+    if caller is None or len(callers) != 1:
+        return Divergence(here, False, why, before=here, parts=tuple(parts))
+    return Divergence(dataclasses.replace(here, b=caller), False, why, before=here, parts=tuple(parts))
 
 
 class _BTree:

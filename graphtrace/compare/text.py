@@ -184,7 +184,9 @@ def _verdict(comparison: Comparison) -> list[Text]:
         own = not any(call is first for call in comparison.calls)  # a module of B without counterpart
         type_name = first.b.type_name if own else first.a.type_name
         kind = f" ({type_name})" if type_name else ""
-        if found.inside:
+        if found.parts:
+            why = f"one of the {len(found.parts)} projections it calls in place of A's fused one departs"
+        elif found.inside:
             why = "the departure lies in its own code"
         elif first.status == "diverged" and first.inputs_agree:
             why = "its inputs agree, its output does not"
@@ -193,7 +195,7 @@ def _verdict(comparison: Comparison) -> list[Text]:
         else:
             why = "its inputs differ"
         lines.append(_line(f"first divergence: {names}{kind}: {why}", "bold red"))
-        lines.append(_line(f"  {found.explanation if found.inside else first.reason}"))
+        lines.append(_line(f"  {found.explanation if found.inside or found.parts else first.reason}"))
         if found.op_locus is not None:
             lines.append(_line(f"  {found.op_locus}"))
     notes = _equivalences(comparison)
