@@ -8,12 +8,11 @@ Anything torch's printer would decorate (another device, autograd, subclasses, w
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
-
 import torch
 from torch._tensor_str import PRINT_OPTS
 
-from graphtrace.io.tensor_text import PrintOptions, shown_sizes, tensor_text
+from graphtrace.io.repr_batch import PrintedValues, lines_of_all
+from graphtrace.io.tensor_text import PrintOptions, shown_sizes
 from graphtrace.reprs import SPEC_LINEWIDTH, sanitize_repr, spec_printoptions
 
 __all__ = ["PrintedValues", "lines_of", "printed_values", "repr_lines"]
@@ -39,17 +38,6 @@ _gather_offsets: dict[tuple[object, ...], tuple[torch.Tensor, int]] = {}
 _suffixes: dict[tuple[torch.dtype, torch.dtype], tuple[str, ...]] = {}  # (dtype, default dtype) -> torch's suffixes
 
 
-class PrintedValues(NamedTuple):
-    """What the repr of a plain tensor is made of: its printed elements (as ``tolist()`` gives them), its shape,
-    whether it is floating, torch's suffixes and the print options."""
-
-    values: list[Any]
-    shape: tuple[int, ...]
-    floating: bool
-    suffixes: tuple[str, ...]
-    options: PrintOptions
-
-
 def repr_lines(tensor: torch.Tensor) -> tuple[str, ...]:
     """The lines ``print(tensor)`` shows under ``sci_mode=True, linewidth=120``, sanitised, as transformers writes
     them. Torch's print options are never changed for longer than a ``repr`` of an unusual tensor takes."""
@@ -68,9 +56,8 @@ def printed_values(tensor: torch.Tensor) -> PrintedValues | tuple[str, ...]:
 
 
 def lines_of(printed: PrintedValues | tuple[str, ...]) -> tuple[str, ...]:
-    if isinstance(printed, PrintedValues):
-        return tuple(tensor_text(*printed).splitlines())
-    return printed
+    """The lines of one tensor's :func:`printed_values` (many are formatted faster together: :func:`lines_of_all`)."""
+    return lines_of_all([printed])[0]
 
 
 def _printable_from_values(tensor: torch.Tensor, options: PrintOptions) -> bool:
@@ -97,14 +84,18 @@ def _printable_from_values(tensor: torch.Tensor, options: PrintOptions) -> bool:
 def _values(tensor: torch.Tensor, options: PrintOptions) -> PrintedValues:
     shape = tuple(tensor.shape)
     _, cuts = shown_sizes(shape, options)
-    printed = _gather(tensor, shape, cuts, options[2]) if True in cuts else tensor.reshape(-1)
+    if True in cuts:
+        printed = _gather(tensor, shape, cuts, options[2])  # a new tensor
+    else:
+        printed = tensor.clone(memory_format=torch.contiguous_format).view(-1)  # kept from later in-place changes
     dtype = tensor.dtype
     default = torch.get_default_dtype()
     suffixes = _suffixes.get((dtype, default))
     if suffixes is None:
         plain = dtype in (default, torch.int64, torch.bool)
         suffixes = _suffixes[dtype, default] = () if plain else (f"dtype={dtype}",)
-    return PrintedValues(printed.tolist(), shape, dtype.is_floating_point, suffixes, options)
+    floating = dtype.is_floating_point
+    return PrintedValues(printed if floating else printed.tolist(), shape, floating, suffixes, options)
 
 
 def _gather(tensor: torch.Tensor, shape: tuple[int, ...], cuts: tuple[bool, ...], edgeitems: int) -> torch.Tensor:
