@@ -1,10 +1,10 @@
 """``repr(tensor)`` as transformers writes it, without torch's printer where the result is provably the same.
 
 torch's printer costs about half a millisecond per tensor. For a plain dense CPU tensor the text is a function of the
-printed elements alone (:mod:`graphtrace.io.tensor_text` lays them out), so this module only gathers them: the whole
-tensor, or for a summarised one the first and last ``edgeitems`` along each dimension, in one indexing operation.
-Anything torch's printer would decorate (another device, autograd, subclasses, wrappers) goes to torch.
-"""
+printed elements alone (:mod:`graphtrace.io.tensor_text` lays them out, :mod:`graphtrace.io.repr_batch` many at
+once), so this module only takes them: a copy of the whole tensor, or for a summarised one the first and last
+``edgeitems`` along each dimension, in one ``take``. Anything torch's printer would decorate (another device,
+autograd, subclasses, wrappers) goes to torch."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ _TEXT_DTYPES = frozenset(
 """The dtypes printed here (complex, float8 and the rarer integer types take torch's printer)."""
 
 _CACHE_LIMIT = 4096
-_gather_offsets: dict[tuple[object, ...], tuple[torch.Tensor, int]] = {}
+_gather_indices: dict[tuple[object, ...], torch.Tensor] = {}
 _suffixes: dict[tuple[torch.dtype, torch.dtype], tuple[str, ...]] = {}  # (dtype, default dtype) -> torch's suffixes
 
 
@@ -99,18 +99,15 @@ def _values(tensor: torch.Tensor, options: PrintOptions) -> PrintedValues:
 
 
 def _gather(tensor: torch.Tensor, shape: tuple[int, ...], cuts: tuple[bool, ...], edgeitems: int) -> torch.Tensor:
-    """The printed entries of a summarised tensor, in row-major order, with one indexing operation."""
-    stride = tensor.stride()
-    key = (shape, stride, edgeitems)
-    cached = _gather_offsets.get(key)
-    if cached is None:
-        if len(_gather_offsets) >= _CACHE_LIMIT:
-            _gather_offsets.clear()
+    """The printed entries of a summarised tensor, in row-major order, with one ``take`` (whatever the strides)."""
+    key = (shape, edgeitems)
+    indices = _gather_indices.get(key)
+    if indices is None:
+        if len(_gather_indices) >= _CACHE_LIMIT:
+            _gather_indices.clear()
         flat = [0]
-        for size, step, cut in zip(shape, stride, cuts):
+        for size, cut in zip(shape, cuts):
             kept = [*range(edgeitems), *range(size - edgeitems, size)] if cut else range(size)
-            flat = [base + i * step for base in flat for i in kept]
-        # strides are never negative, so the last entry lies furthest into the storage
-        cached = _gather_offsets[key] = (torch.tensor(flat, dtype=torch.int64), flat[-1] + 1)
-    offsets, span = cached
-    return tensor.as_strided((span,), (1,))[offsets]
+            flat = [base * size + i for base in flat for i in kept]
+        indices = _gather_indices[key] = torch.tensor(flat, dtype=torch.int64)
+    return tensor.take(indices)
