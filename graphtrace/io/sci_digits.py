@@ -2,18 +2,20 @@
 
 Python formats a double in about 160 ns; the unpruned shim prints 47,000 of them per forward. Here all of a step's
 values are formatted together. A non-zero double's ``p + 1`` significant digits are ``round(|x| * 10**(p - e))`` for
-its decimal exponent ``e``. With ``|p - e| <= 22`` the power of ten is exact in float64, so the scaled value carries
-one rounding (two when the exponent's estimate from the binary exponent is corrected by a factor ten): a relative
-error below 2**-51, less than ``10**(p + 1) * 2**-51`` absolute. Rounding it to the nearest integer therefore gives
-Python's (correctly rounded) digits whenever it lies farther than that from a tie ``n + 0.5``. Values within a wide
-margin of a tie are formatted by Python itself, as are those whose exponent is out of that range (subnormals,
-float64's extremes) and non-finite ones. A scaled value that rounds up to ``10**(p + 1)`` carries into the exponent,
-as Python's does (``9.99995e-05`` is ``1.0000e-04``).
+its decimal exponent ``e``, which its binary exponent ``b`` tells to within one: ``e`` is ``floor(b * log10(2))`` or
+one more. Tables per binary exponent give that estimate and the power of ten to scale by. With ``|p - e| <= 22`` the
+power is exact in float64, so the scaled value carries one rounding (two when it is then divided by ten, the estimate
+having been one short): a relative error below 2**-51, less than ``10**(p + 1) * 2**-51`` absolute. Rounding it to
+the nearest integer therefore gives Python's (correctly rounded) digits whenever it lies farther than that from a tie
+``n + 0.5``. Values within a wide margin of a tie are formatted by Python itself, as are those whose exponent is out
+of that range (subnormals, float64's extremes); non-finite ones are reported. A scaled value that rounds up to
+``10**(p + 1)`` carries into the exponent, as Python's does (``9.99995e-05`` is ``1.0000e-04``).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -23,17 +25,49 @@ MAX_PRECISION = 8
 """Precisions from 1 to this are formatted here (torch's default is 4); the margin below stays tiny for them."""
 
 _TABLE_PRECISION = 4  # up to this precision a table holds the text of every mantissa: one lookup per value
-_EXPONENT_BOUND = 40  # |exponent| of the exact rows stays below 22 + MAX_PRECISION + 1
+_EXPONENT_BOUND = 40  # |exponent| of the exact rows stays below 22 + MAX_PRECISION + 2
 _SPAN = 22  # 10**22 is the largest power of ten exact in float64
-_LOG10_2 = math.log10(2.0)
-# scaled = magnitude * _MULTIPLIERS[i] / _DIVISORS[i] with i = shift + 22: one of the two factors is 1.0
-_MULTIPLIERS = torch.tensor([float(10 ** max(k, 0)) for k in range(-_SPAN, _SPAN + 1)], dtype=torch.float64)
-_DIVISORS = torch.tensor([float(10 ** max(-k, 0)) for k in range(-_SPAN, _SPAN + 1)], dtype=torch.float64)
 _EXPONENTS = torch.tensor(
     [list(f"e{k:+03d}".encode("ascii")) for k in range(-_EXPONENT_BOUND, _EXPONENT_BOUND + 1)], dtype=torch.uint8
 )
-_SIGNS = torch.tensor(list(b" -"), dtype=torch.uint8)
+_MINUS, _SPACE = ord("-"), ord(" ")
+
+
+class _Scales(NamedTuple):
+    """Per biased binary exponent (0 to 2047): the decimal exponent's estimate (plus ``_EXPONENT_BOUND``, an index
+    into ``_EXPONENTS``) and ``scaled = |x| * multiplier / divisor`` (one of the two is 1.0; NaN where the power of
+    ten would not be exact, and 1.0 for zeros and subnormals, which scale below ``10**p``)."""
+
+    exponent: torch.Tensor
+    multiplier: torch.Tensor
+    divisor: torch.Tensor
+
+
+_scales: dict[int, _Scales] = {}
 _mantissa_tables: dict[int, torch.Tensor] = {}
+
+
+def _scales_for(precision: int) -> _Scales:
+    scales = _scales.get(precision)
+    if scales is None:
+        exponents, multipliers, divisors = [], [], []
+        for biased in range(2048):
+            estimate = math.floor((biased - 1023) * math.log10(2.0))
+            shift = precision - estimate
+            usable = 0 < biased < 2047 and abs(shift) <= _SPAN and abs(estimate) < _EXPONENT_BOUND - 2
+            exponents.append(estimate + _EXPONENT_BOUND if usable else _EXPONENT_BOUND)
+            if biased == 0:
+                multipliers.append(1.0)
+                divisors.append(1.0)
+            else:
+                multipliers.append(float(10 ** max(shift, 0)) if usable else math.nan)
+                divisors.append(float(10 ** max(-shift, 0)) if usable else math.nan)
+        scales = _scales[precision] = _Scales(
+            torch.tensor(exponents, dtype=torch.int64),
+            torch.tensor(multipliers, dtype=torch.float64),
+            torch.tensor(divisors, dtype=torch.float64),
+        )
+    return scales
 
 
 def _mantissa_digits(rounded: torch.Tensor, precision: int) -> torch.Tensor:
@@ -64,37 +98,24 @@ def sci_chars(values: torch.Tensor, precision: int) -> tuple[torch.Tensor, torch
     if not 1 <= precision <= MAX_PRECISION:
         raise ValueError(f"precision {precision} is outside 1..{MAX_PRECISION}")
     low, high = 10**precision, 10 ** (precision + 1)
+    scales = _scales_for(precision)
+    bits = values.view(torch.int64)
+    biased = (bits >> 52).bitwise_and_(0x7FF)
     magnitude = values.abs()
-    binary_exponent = ((values.view(torch.int64) >> 52) & 0x7FF) - 1023
-    exponent = binary_exponent.to(torch.float64).mul_(_LOG10_2).floor_().to(torch.int64)  # or one below
-    shift = precision - exponent
-    factors = (shift + _SPAN).clamp_(0, 2 * _SPAN)
-    scaled = magnitude * _MULTIPLIERS.index_select(0, factors) / _DIVISORS.index_select(0, factors)
-    too_large = scaled >= high
+    scaled = magnitude.mul_(scales.multiplier.index_select(0, biased)).div_(scales.divisor.index_select(0, biased))
+    too_large = scaled >= high  # the estimate was one short
     scaled = torch.where(too_large, scaled / 10, scaled)
-    exponent += too_large.to(torch.int64)
     fraction = scaled - scaled.floor()
-    exact = (
-        (shift.abs() <= _SPAN)
-        & (scaled >= low)
-        & (scaled < high)
-        & ((fraction - 0.5).abs() > high * 2.0**-40)  # the error bound is high * 2**-51
-    )
-    zero = magnitude == 0
-    rounded = scaled.round().to(torch.int64).clamp_(0, high).masked_fill_(zero, 0)
-    exponent = (exponent + (rounded == high).to(torch.int64)).masked_fill_(zero, 0)
-    exponent = exponent.clamp_(-_EXPONENT_BOUND, _EXPONENT_BOUND) + _EXPONENT_BOUND
+    tie_distance = fraction.sub_(0.5).abs_()
+    exact = (scaled >= low) & (scaled < high) & (tie_distance > high * 2.0**-40)  # the error is below high * 2**-51
+    rounded = scaled.round_().to(torch.int64).clamp_(0, high)  # zeros round to 0, and NaN rows are left alone
+    exponent = scales.exponent.index_select(0, biased).add_(too_large).add_(rounded == high)
+    signs = (bits < 0).to(torch.uint8).mul_(_MINUS - _SPACE).add_(_SPACE)
     chars = torch.cat(
-        [
-            _SIGNS.index_select(0, torch.signbit(values).to(torch.int64)).unsqueeze(1),
-            _mantissa_chars(rounded, precision),
-            _EXPONENTS.index_select(0, exponent),
-        ],
-        dim=1,
+        [signs.unsqueeze(1), _mantissa_chars(rounded, precision), _EXPONENTS.index_select(0, exponent)], dim=1
     )
-    finite = torch.isfinite(values)
-    by_python = (finite & ~(exact | zero)).nonzero().flatten().tolist()
-    irregular = ~finite
+    irregular = biased == 2047
+    by_python = (exact | irregular | (values == 0)).logical_not_().nonzero().flatten().tolist()
     if by_python:
         _format_in_python(values, by_python, precision, chars, irregular)
     return chars, irregular
