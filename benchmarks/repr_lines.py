@@ -67,6 +67,12 @@ def one_by_one(batch: list[PrintedValues | tuple[str, ...]]) -> list[tuple[str, 
     return lines
 
 
+def _process_time_of(run: Callable[[], object]) -> float:
+    started = time.process_time()
+    run()
+    return time.process_time() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20)
@@ -82,19 +88,14 @@ def main() -> None:
         "formatting one tensor at a time": lambda: one_by_one(batch),
         "formatting all in one batch": lambda: lines_of_all(batch),
     }
-    times: dict[str, list[float]] = {name: [] for name in runs}
     for run in runs.values():  # warm-up: caches of layouts and frames
         run()
-    for _ in range(args.rounds):
-        for name, run in runs.items():
-            started = time.process_time()
-            run()
-            times[name].append(time.process_time() - started)
+    rounds = [{name: _process_time_of(run) for name, run in runs.items()} for _ in range(args.rounds)]
     print(f"tiny-llama: {len(tensors)} tensors, {values} printed values; torch {torch.__version__}, 1 thread, ", end="")
     print(f"median of {args.rounds} rounds")
     print(f"{'stage':<34} {'ms':>7} {'µs/tensor':>10} {'ns/value':>9}")
-    for name, spent in times.items():
-        median = statistics.median(spent)
+    for name in runs:
+        median = statistics.median(spent[name] for spent in rounds)
         print(f"{name:<34} {median * 1e3:7.2f} {median * 1e6 / len(tensors):10.2f} {median * 1e9 / values:9.1f}")
 
 
