@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from graphtrace.io.repr_batch import lines_of_all
+from graphtrace.io.repr_batch import BATCH_MIN_VALUES, lines_of_all
 from graphtrace.io.tensor_repr import _printable_from_values, printed_values, repr_lines
 from graphtrace.io.tensors import ReprSink
 from graphtrace.reprs import SPEC_LINEWIDTH, spec_printoptions
@@ -97,12 +97,15 @@ def test_equal_to_torchs_printer(dtype: torch.dtype) -> None:
         assert repr_lines(view) == _torchs(view), (view.shape, dtype)
 
 
-def test_a_batch_of_mixed_tensors_equals_torchs_printer() -> None:
+@pytest.mark.parametrize("options", [{}, {"precision": 2}, {"precision": 7, "linewidth": 80}], ids=str)
+def test_a_batch_of_mixed_tensors_equals_torchs_printer(options: dict[str, int]) -> None:
     """Formatted together (each tensor's fields filled into its own frame), as one by one."""
-    cases = [view for dtype in DTYPES for view in _cases(dtype)[::3]]
+    torch.set_printoptions(**options)  # conftest puts the print options back after each test
+    cases = [view for dtype in DTYPES for view in _cases(dtype)[:: 3 if not options else 17]]
     cases.append(torch.tensor([-0.0, 1.0, 2.0]))  # a negative zero in a tensor without a negative value
-    batch = lines_of_all([printed_values(view) for view in cases])
-    for view, lines in zip(cases, batch):
+    batch = [printed_values(view) for view in cases]
+    assert sum(p.values.numel() for p in batch if isinstance(p.values, torch.Tensor)) >= BATCH_MIN_VALUES
+    for view, lines in zip(cases, lines_of_all(batch)):
         assert lines == _torchs(view), (view.shape, view.dtype)
 
 

@@ -57,7 +57,7 @@ def printed_values(tensor: torch.Tensor) -> PrintedValues | tuple[str, ...]:
 
 def lines_of(printed: PrintedValues | tuple[str, ...]) -> tuple[str, ...]:
     """The lines of one tensor's :func:`printed_values` (many are formatted faster together: :func:`lines_of_all`)."""
-    return lines_of_all([printed])[0]
+    return lines_of_all([printed])[0]  # one tensor is formatted on its own
 
 
 def _printable_from_values(tensor: torch.Tensor, options: PrintOptions) -> bool:
