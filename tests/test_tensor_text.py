@@ -146,3 +146,13 @@ def test_unusual_tensors_go_to_torchs_printer() -> None:
         assert not _printable_from_values(t, options), t.dtype
     for t in unusual[:4]:
         assert repr_lines(t) == _torchs(t)
+
+
+def test_lines_read_under_another_default_device_are_torchs() -> None:
+    """Lines are formatted when first read, perhaps where factories make tensors elsewhere: the batch stays on CPU."""
+    sink = ReprSink()
+    tensors = [torch.randn(16, 32, generator=torch.Generator().manual_seed(seed)) for seed in range(10)]
+    stored = [sink.store(t, "t")[0] for t in tensors]
+    with torch.device("meta"):
+        lines = [tuple(value) for value in stored]
+    assert lines == [_torchs(t) for t in tensors]

@@ -24,6 +24,7 @@ from graphtrace.io.tensor_text import PrintOptions, blank_text, tensor_text
 __all__ = ["BATCH_MIN_VALUES", "PendingLines", "PrintedValues", "ReprBatch", "lines_of_all"]
 
 _CACHE_LIMIT = 4096
+_CPU = torch.device("cpu")  # explicit: lines may be formatted under another default device
 BATCH_MIN_VALUES = 4096
 """Fewer floating values than this are formatted one tensor at a time: a batch costs about 30 tensor operations,
 some 300 µs, which Python's own formatting of 2,000 values matches."""
@@ -108,13 +109,13 @@ def lines_of_all(batch: Sequence[PrintedValues | tuple[str, ...]]) -> list[tuple
 
 def _floating_lines(group: list[PrintedValues], sizes: list[int], precision: int) -> list[tuple[str, ...]]:
     tensors: list[torch.Tensor] = [printed.values for printed in group]  # type: ignore[misc]
-    counts = torch.tensor(sizes)
+    counts = torch.tensor(sizes, device=_CPU)
     values = torch.cat(tensors).to(torch.float64)
     chars, irregular = sci_chars(values, precision)
     owner = torch.repeat_interleave(counts)
     flags = torch.stack([irregular, values != 0, values < 0, torch.signbit(values)], dim=1).cumsum(0)
     ends = flags[counts.cumsum(0) - 1]
-    tallies = torch.diff(ends, dim=0, prepend=torch.zeros((1, 4), dtype=ends.dtype)).tolist()
+    tallies = torch.diff(ends, dim=0, prepend=torch.zeros((1, 4), dtype=ends.dtype, device=_CPU)).tolist()
     frames: list[_Frame | None] = []
     for (irregulars, nonzeros, negatives, signed), printed in zip(tallies, group):
         filled = irregulars == 0 and nonzeros > 0 and (negatives > 0) == (signed > 0)
@@ -123,10 +124,10 @@ def _floating_lines(group: list[PrintedValues], sizes: list[int], precision: int
     used = [frame for frame in frames if frame is not None]
     if not used:
         return lines  # type: ignore[return-value]
-    signless = torch.tensor([tally[2] == 0 for tally in tallies])
+    signless = torch.tensor([tally[2] == 0 for tally in tallies], device=_CPU)
     chars[:, 0].masked_fill_(signless.index_select(0, owner), _NO_SIGN)
     if len(used) < len(frames):
-        chars = chars[torch.tensor([frame is not None for frame in frames]).index_select(0, owner)]
+        chars = chars[torch.tensor([frame is not None for frame in frames], device=_CPU).index_select(0, owner)]
     codes = torch.cat([frame.codes for frame in used])
     codes.masked_scatter_(codes == 0, chars)
     text = ctypes.string_at(codes.data_ptr(), codes.numel()).decode("ascii").replace(_NO_SIGN_TEXT, "").split("\n")

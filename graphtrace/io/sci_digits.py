@@ -26,9 +26,12 @@ MAX_PRECISION = 8
 
 _TABLE_PRECISION = 4  # up to this precision a table holds the text of every mantissa: one lookup per value
 _EXPONENT_BOUND = 40  # |exponent| of the exact rows stays below 22 + MAX_PRECISION + 2
+_CPU = torch.device("cpu")  # explicit: lines may be formatted under another default device
 _SPAN = 22  # 10**22 is the largest power of ten exact in float64
 _EXPONENTS = torch.tensor(
-    [list(f"e{k:+03d}".encode("ascii")) for k in range(-_EXPONENT_BOUND, _EXPONENT_BOUND + 1)], dtype=torch.uint8
+    [list(f"e{k:+03d}".encode("ascii")) for k in range(-_EXPONENT_BOUND, _EXPONENT_BOUND + 1)],
+    dtype=torch.uint8,
+    device=_CPU,
 )
 _MINUS, _SPACE = ord("-"), ord(" ")
 
@@ -63,19 +66,20 @@ def _scales_for(precision: int) -> _Scales:
                 multipliers.append(float(10 ** max(shift, 0)) if usable else math.nan)
                 divisors.append(float(10 ** max(-shift, 0)) if usable else math.nan)
         scales = _scales[precision] = _Scales(
-            torch.tensor(exponents, dtype=torch.int64),
-            torch.tensor(multipliers, dtype=torch.float64),
-            torch.tensor(divisors, dtype=torch.float64),
+            torch.tensor(exponents, dtype=torch.int64, device=_CPU),
+            torch.tensor(multipliers, dtype=torch.float64, device=_CPU),
+            torch.tensor(divisors, dtype=torch.float64, device=_CPU),
         )
     return scales
 
 
 def _mantissa_digits(rounded: torch.Tensor, precision: int) -> torch.Tensor:
     """``d.ddd`` of integers ``rounded`` below ``10**(precision + 1)``, as rows of ASCII codes."""
-    divisors = torch.tensor([float(10 ** (precision - i)) for i in range(precision + 1)], dtype=torch.float64)
+    powers = [float(10 ** (precision - i)) for i in range(precision + 1)]
+    divisors = torch.tensor(powers, dtype=torch.float64, device=_CPU)
     # floor of an exactly rounded quotient of integers below 2**53 by a power of ten is the integer quotient
     digits = torch.floor(rounded.to(torch.float64).unsqueeze(1) / divisors).remainder_(10).to(torch.uint8).add_(48)
-    point = torch.full((rounded.numel(), 1), ord("."), dtype=torch.uint8)
+    point = torch.full((rounded.numel(), 1), ord("."), dtype=torch.uint8, device=_CPU)
     return torch.cat([digits[:, :1], point, digits[:, 1:]], dim=1)
 
 
@@ -86,7 +90,8 @@ def _mantissa_chars(rounded: torch.Tensor, precision: int) -> torch.Tensor:
         return _mantissa_digits(rounded.masked_fill(rounded == high, low), precision)
     table = _mantissa_tables.get(precision)
     if table is None:
-        table = _mantissa_tables[precision] = _mantissa_digits(torch.arange(high + 1).clamp_(max=high - 1), precision)
+        every = torch.arange(high + 1, device=_CPU).clamp_(max=high - 1)
+        table = _mantissa_tables[precision] = _mantissa_digits(every, precision)
         table[high] = table[low]
     return table.index_select(0, rounded)
 
