@@ -156,3 +156,20 @@ def test_lines_read_under_another_default_device_are_torchs() -> None:
     with torch.device("meta"):
         lines = [tuple(value) for value in stored]
     assert lines == [_torchs(t) for t in tensors]
+
+
+def test_lines_whose_formatting_failed_are_formatted_when_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphtrace.io import repr_batch
+
+    sink = ReprSink()
+    t = torch.linspace(-1.0, 1.0, 12)
+    stored = sink.store(t, "t")[0]
+
+    def interrupted(batch: object) -> list[tuple[str, ...]]:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(repr_batch, "lines_of_all", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            sink.finish()
+    assert tuple(stored) == _torchs(t)

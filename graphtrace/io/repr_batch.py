@@ -151,11 +151,13 @@ class ReprBatch:
         return pending
 
     def format(self) -> None:
-        """Format every value waiting (the snapshots are released)."""
-        waiting, self._waiting = self._waiting, []
+        """Format every value waiting (the snapshots are released). If formatting fails, they stay waiting."""
+        waiting = self._waiting
         if waiting:
-            for pending, lines in zip(waiting, lines_of_all([pending._printed for pending in waiting])):  # noqa: SLF001
-                pending._fill(lines)  # noqa: SLF001
+            formatted = lines_of_all([pending._printed for pending in waiting])
+            self._waiting = []
+            for pending, lines in zip(waiting, formatted):
+                pending._fill(lines)
 
 
 class PendingLines(Sequence[str]):
