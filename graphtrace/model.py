@@ -80,11 +80,12 @@ class TensorRecord:
 
     ``spec_stats`` holds the reference's exact strings for mean, std, min and max (for float16, float32 and bfloat16
     only, as transformers writes them); ``stats`` holds the same numbers for computation, for every floating dtype.
-    ``value`` holds the repr lines of the tensor (a tuple, or while capture runs lines formatted when first read),
-    ``file`` the relative path of its safetensors file. ``sketch`` is a
-    compact fingerprint of the values for traces that keep none: the tensor's rows (all but the last dimension) cut
-    into up to 16 equal groups in order, and each group's sum, then each group's sum of squares. It is the same under
-    size-1 dimensions and under any re-ordering of the last dimension, so a diff can compare it across such layouts.
+    ``value`` holds the repr lines of the tensor (a tuple; from a capture, a sequence equal to that tuple whose lines
+    are formatted with the rest of their step when first read), ``file`` the relative path of its safetensors file.
+    ``sketch`` is a compact fingerprint of the values for traces that keep none: the tensor's rows (all but the last
+    dimension) cut into up to 16 equal groups in order, and each group's sum, then each group's sum of squares. It is
+    the same under size-1 dimensions and under any re-ordering of the last dimension, so a diff can compare it across
+    such layouts.
     """
 
     shape: tuple[int, ...]
