@@ -13,7 +13,7 @@ import dataclasses
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Set
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Union
 
@@ -80,10 +80,12 @@ class TensorRecord:
 
     ``spec_stats`` holds the reference's exact strings for mean, std, min and max (for float16, float32 and bfloat16
     only, as transformers writes them); ``stats`` holds the same numbers for computation, for every floating dtype.
-    ``value`` holds the repr lines of the tensor, ``file`` the relative path of its safetensors file. ``sketch`` is a
-    compact fingerprint of the values for traces that keep none: the tensor's rows (all but the last dimension) cut
-    into up to 16 equal groups in order, and each group's sum, then each group's sum of squares. It is the same under
-    size-1 dimensions and under any re-ordering of the last dimension, so a diff can compare it across such layouts.
+    ``value`` holds the repr lines of the tensor (a tuple; from a capture, a sequence equal to that tuple whose lines
+    are formatted with the rest of their step when first read), ``file`` the relative path of its safetensors file.
+    ``sketch`` is a compact fingerprint of the values for traces that keep none: the tensor's rows (all but the last
+    dimension) cut into up to 16 equal groups in order, and each group's sum, then each group's sum of squares. It is
+    the same under size-1 dimensions and under any re-ordering of the last dimension, so a diff can compare it across
+    such layouts.
     """
 
     shape: tuple[int, ...]
@@ -93,7 +95,7 @@ class TensorRecord:
     spec_stats: tuple[str, str, str, str] | None = None
     nan_count: int = 0
     inf_count: int = 0
-    value: tuple[str, ...] | None = None
+    value: Sequence[str] | None = None
     file: str | None = None
     dtensor: DTensorInfo | None = None
     sketch: tuple[float, ...] | None = None
@@ -117,11 +119,11 @@ class TensorRecord:
         """The same record with the value fingerprint ``sketch``."""
         return self._copy(self.value, self.file, sketch)
 
-    def with_value(self, value: tuple[str, ...] | None, file: str | None) -> TensorRecord:
+    def with_value(self, value: Sequence[str] | None, file: str | None) -> TensorRecord:
         """A new record (a distinct object) with this metadata and the given full value."""
         return self._copy(value, file, self.sketch)
 
-    def _copy(self, value: tuple[str, ...] | None, file: str | None, sketch: tuple[float, ...] | None) -> TensorRecord:
+    def _copy(self, value: Sequence[str] | None, file: str | None, sketch: tuple[float, ...] | None) -> TensorRecord:
         # capture makes one per tensor met: built directly, as dataclasses.replace costs several times as much
         return TensorRecord(
             self.shape,

@@ -8,7 +8,9 @@ import random
 import pytest
 import torch
 
-from graphtrace.io.tensor_repr import _printable_from_values, repr_lines
+from graphtrace.io.repr_batch import BATCH_MIN_VALUES, lines_of_all
+from graphtrace.io.tensor_repr import _printable_from_values, printed_values, repr_lines
+from graphtrace.io.tensors import ReprSink
 from graphtrace.reprs import SPEC_LINEWIDTH, spec_printoptions
 
 SHAPES = [
@@ -73,9 +75,9 @@ def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.nan_to_num(t, posinf=0, neginf=0).clamp(info.min, info.max).to(dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_equal_to_torchs_printer(dtype: torch.dtype) -> None:
+def _cases(dtype: torch.dtype) -> list[torch.Tensor]:
     rng = random.Random(str(dtype))
+    cases = []
     for shape in SHAPES:
         for kind in ("normal", "positive", "integers", "zeros", "special"):
             for scale in (1e-30, 1e-5, 1.0, 7.0, 3e4, 1e200):
@@ -85,9 +87,39 @@ def test_equal_to_torchs_printer(dtype: torch.dtype) -> None:
                     views += [t.transpose(0, -1), t[..., ::2]]
                 if t.numel() < 500:
                     views.append(t.expand(2, *t.shape))
-                for view in views:
-                    if view.numel():
-                        assert repr_lines(view) == _torchs(view), (shape, kind, scale, dtype)
+                cases += [view for view in views if view.numel()]
+    return cases
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_equal_to_torchs_printer(dtype: torch.dtype) -> None:
+    for view in _cases(dtype):
+        assert repr_lines(view) == _torchs(view), (view.shape, dtype)
+
+
+@pytest.mark.parametrize("options", [{}, {"precision": 2}, {"precision": 7, "linewidth": 80}], ids=str)
+def test_a_batch_of_mixed_tensors_equals_torchs_printer(options: dict[str, int]) -> None:
+    """Formatted together (each tensor's fields filled into its own frame), as one by one."""
+    torch.set_printoptions(**options)  # conftest puts the print options back after each test
+    cases = [view for dtype in DTYPES for view in _cases(dtype)[:: 3 if not options else 17]]
+    cases.append(torch.tensor([-0.0, 1.0, 2.0]))  # a negative zero in a tensor without a negative value
+    batch = [printed_values(view) for view in cases]
+    assert sum(p.values.numel() for p in batch if isinstance(p.values, torch.Tensor)) >= BATCH_MIN_VALUES
+    for view, lines in zip(cases, lines_of_all(batch)):
+        assert lines == _torchs(view), (view.shape, view.dtype)
+
+
+def test_a_sink_prints_what_a_tensor_held_when_stored() -> None:
+    sink = ReprSink()
+    t = torch.linspace(-1.0, 1.0, 600).reshape(2, 300)
+    whole, summarised = torch.linspace(-1.0, 1.0, 12), torch.linspace(0.5, 1.0, 2000)
+    expected = [_torchs(t), _torchs(whole), _torchs(summarised)]
+    stored = [sink.store(t, "t")[0], sink.store(whole, "whole")[0], sink.store(summarised, "summarised")[0]]
+    for changed in (t, whole, summarised):
+        changed.mul_(-3.0)  # the model changes them in place after the call
+    sink.finish()
+    assert stored == expected
+    assert [tuple(lines) for lines in stored] == expected
 
 
 def test_other_print_options_are_followed() -> None:
@@ -114,3 +146,30 @@ def test_unusual_tensors_go_to_torchs_printer() -> None:
         assert not _printable_from_values(t, options), t.dtype
     for t in unusual[:4]:
         assert repr_lines(t) == _torchs(t)
+
+
+def test_lines_read_under_another_default_device_are_torchs() -> None:
+    """Lines are formatted when first read, perhaps where factories make tensors elsewhere: the batch stays on CPU."""
+    sink = ReprSink()
+    tensors = [torch.randn(16, 32, generator=torch.Generator().manual_seed(seed)) for seed in range(10)]
+    stored = [sink.store(t, "t")[0] for t in tensors]
+    with torch.device("meta"):
+        lines = [tuple(value) for value in stored]
+    assert lines == [_torchs(t) for t in tensors]
+
+
+def test_lines_whose_formatting_failed_are_formatted_when_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphtrace.io import repr_batch
+
+    sink = ReprSink()
+    t = torch.linspace(-1.0, 1.0, 12)
+    stored = sink.store(t, "t")[0]
+
+    def interrupted(batch: object) -> list[tuple[str, ...]]:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(repr_batch, "lines_of_all", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            sink.finish()
+    assert tuple(stored) == _torchs(t)

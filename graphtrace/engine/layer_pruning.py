@@ -12,6 +12,7 @@ they would have held; dropped calls keep their statistics but no values.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -90,7 +91,7 @@ class LayerBlockDeferral:
         return node
 
     def _store(self, block: _Block) -> CallNode:
-        stored: dict[int, tuple[tuple[str, ...] | None, str | None]] = {}
+        stored: dict[int, tuple[Sequence[str] | None, str | None]] = {}
         kept: dict[int, TensorRecord] = {}
         for placeholder, snapshot, name in block.values:
             value = stored.get(id(snapshot))

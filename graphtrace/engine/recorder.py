@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -38,7 +38,7 @@ class ValueSink(Protocol):
     per_name: bool
     linewidth: int | None
 
-    def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
+    def store(self, tensor: torch.Tensor, name: str) -> tuple[Sequence[str] | None, str | None]:
         """Keep ``tensor``'s value under ``name``; return ``(repr_lines, None)`` or ``(None, relative_file)``."""
         ...
 
@@ -46,7 +46,7 @@ class ValueSink(Protocol):
         """What :meth:`store_snapshot` needs to store ``tensor``'s value later (a layer block pruning may drop)."""
         ...
 
-    def store_snapshot(self, snapshot: Any, name: str) -> tuple[tuple[str, ...] | None, str | None]:
+    def store_snapshot(self, snapshot: Any, name: str) -> tuple[Sequence[str] | None, str | None]:
         """:meth:`store` of a value taken by :meth:`snapshot`."""
         ...
 

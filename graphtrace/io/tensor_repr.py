@@ -1,19 +1,18 @@
 """``repr(tensor)`` as transformers writes it, without torch's printer where the result is provably the same.
 
 torch's printer costs about half a millisecond per tensor. For a plain dense CPU tensor the text is a function of the
-printed elements alone (:mod:`graphtrace.io.tensor_text` lays them out), so this module only gathers them: the whole
-tensor, or for a summarised one the first and last ``edgeitems`` along each dimension, in one indexing operation.
-Anything torch's printer would decorate (another device, autograd, subclasses, wrappers) goes to torch.
-"""
+printed elements alone (:mod:`graphtrace.io.tensor_text` lays them out, :mod:`graphtrace.io.repr_batch` many at
+once), so this module only takes them: a copy of the whole tensor, or for a summarised one the first and last
+``edgeitems`` along each dimension, in one ``take``. Anything torch's printer would decorate (another device,
+autograd, subclasses, wrappers) goes to torch."""
 
 from __future__ import annotations
-
-from typing import Any, NamedTuple
 
 import torch
 from torch._tensor_str import PRINT_OPTS
 
-from graphtrace.io.tensor_text import PrintOptions, shown_sizes, tensor_text
+from graphtrace.io.repr_batch import PrintedValues, lines_of_all
+from graphtrace.io.tensor_text import PrintOptions, shown_sizes
 from graphtrace.reprs import SPEC_LINEWIDTH, sanitize_repr, spec_printoptions
 
 __all__ = ["PrintedValues", "lines_of", "printed_values", "repr_lines"]
@@ -35,19 +34,8 @@ _TEXT_DTYPES = frozenset(
 """The dtypes printed here (complex, float8 and the rarer integer types take torch's printer)."""
 
 _CACHE_LIMIT = 4096
-_gather_offsets: dict[tuple[object, ...], tuple[torch.Tensor, int]] = {}
+_gather_indices: dict[tuple[object, ...], torch.Tensor] = {}
 _suffixes: dict[tuple[torch.dtype, torch.dtype], tuple[str, ...]] = {}  # (dtype, default dtype) -> torch's suffixes
-
-
-class PrintedValues(NamedTuple):
-    """What the repr of a plain tensor is made of: its printed elements (as ``tolist()`` gives them), its shape,
-    whether it is floating, torch's suffixes and the print options."""
-
-    values: list[Any]
-    shape: tuple[int, ...]
-    floating: bool
-    suffixes: tuple[str, ...]
-    options: PrintOptions
 
 
 def repr_lines(tensor: torch.Tensor) -> tuple[str, ...]:
@@ -68,9 +56,8 @@ def printed_values(tensor: torch.Tensor) -> PrintedValues | tuple[str, ...]:
 
 
 def lines_of(printed: PrintedValues | tuple[str, ...]) -> tuple[str, ...]:
-    if isinstance(printed, PrintedValues):
-        return tuple(tensor_text(*printed).splitlines())
-    return printed
+    """The lines of one tensor's :func:`printed_values` (many are formatted faster together: :func:`lines_of_all`)."""
+    return lines_of_all([printed])[0]  # one tensor is formatted on its own
 
 
 def _printable_from_values(tensor: torch.Tensor, options: PrintOptions) -> bool:
@@ -97,29 +84,30 @@ def _printable_from_values(tensor: torch.Tensor, options: PrintOptions) -> bool:
 def _values(tensor: torch.Tensor, options: PrintOptions) -> PrintedValues:
     shape = tuple(tensor.shape)
     _, cuts = shown_sizes(shape, options)
-    printed = _gather(tensor, shape, cuts, options[2]) if True in cuts else tensor.reshape(-1)
+    if True in cuts:
+        printed = _gather(tensor, shape, cuts, options[2])  # a new tensor
+    else:
+        printed = tensor.clone(memory_format=torch.contiguous_format).view(-1)  # kept from later in-place changes
     dtype = tensor.dtype
     default = torch.get_default_dtype()
     suffixes = _suffixes.get((dtype, default))
     if suffixes is None:
         plain = dtype in (default, torch.int64, torch.bool)
         suffixes = _suffixes[dtype, default] = () if plain else (f"dtype={dtype}",)
-    return PrintedValues(printed.tolist(), shape, dtype.is_floating_point, suffixes, options)
+    floating = dtype.is_floating_point
+    return PrintedValues(printed if floating else printed.tolist(), shape, floating, suffixes, options)
 
 
 def _gather(tensor: torch.Tensor, shape: tuple[int, ...], cuts: tuple[bool, ...], edgeitems: int) -> torch.Tensor:
-    """The printed entries of a summarised tensor, in row-major order, with one indexing operation."""
-    stride = tensor.stride()
-    key = (shape, stride, edgeitems)
-    cached = _gather_offsets.get(key)
-    if cached is None:
-        if len(_gather_offsets) >= _CACHE_LIMIT:
-            _gather_offsets.clear()
+    """The printed entries of a summarised tensor, in row-major order, with one ``take`` (whatever the strides)."""
+    key = (shape, edgeitems)
+    indices = _gather_indices.get(key)
+    if indices is None:
+        if len(_gather_indices) >= _CACHE_LIMIT:
+            _gather_indices.clear()
         flat = [0]
-        for size, step, cut in zip(shape, stride, cuts):
+        for size, cut in zip(shape, cuts):
             kept = [*range(edgeitems), *range(size - edgeitems, size)] if cut else range(size)
-            flat = [base + i * step for base in flat for i in kept]
-        # strides are never negative, so the last entry lies furthest into the storage
-        cached = _gather_offsets[key] = (torch.tensor(flat, dtype=torch.int64), flat[-1] + 1)
-    offsets, span = cached
-    return tensor.as_strided((span,), (1,))[offsets]
+            flat = [base * size + i for base in flat for i in kept]
+        indices = _gather_indices[key] = torch.tensor(flat, dtype=torch.int64)
+    return tensor.take(indices)

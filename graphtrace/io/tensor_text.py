@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["PrintOptions", "shown_sizes", "tensor_text"]
+__all__ = ["PrintOptions", "blank_text", "shown_sizes", "tensor_text"]
 
 PrintOptions = tuple[int, float, int, int]
 """``(precision, threshold, edgeitems, linewidth)`` of torch's print options."""
@@ -139,6 +139,14 @@ def _with_suffixes(text: str, suffixes: Sequence[str], linewidth: int) -> str:
             last_line += len(suffix) + 2
     parts.append(")")
     return "".join(parts)
+
+
+def blank_text(shape: Sequence[int], width: int, suffixes: Sequence[str], options: PrintOptions) -> str:
+    """The text :func:`tensor_text` gives for a tensor of ``shape`` whose printed elements are floating, finite, some
+    non-zero, and each exactly ``width`` characters wide (the widest's width), with a NUL in place of every character
+    of every element: a frame that :mod:`graphtrace.io.repr_batch` fills."""
+    sizes, cuts = shown_sizes(shape, options)
+    return _with_suffixes(_layout(sizes, cuts, width, "\0" * width, options), suffixes, options[3])
 
 
 def tensor_text(

@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,32 +25,43 @@ from safetensors.torch import save_file
 
 from graphtrace.errors import OutputPathError, UnsupportedTensorError
 from graphtrace.io.file_writer import BackgroundWriter
+from graphtrace.io.repr_batch import PrintedValues, ReprBatch
 from graphtrace.io.safe_paths import inside
 from graphtrace.io.safetensors_format import DTYPE_NAMES, bundle_header, single_tensor_header, split_reference
-from graphtrace.io.tensor_repr import PrintedValues, lines_of, printed_values, repr_lines
+from graphtrace.io.tensor_repr import printed_values, repr_lines
 from graphtrace.reprs import SPEC_LINEWIDTH
 
 __all__ = ["BUNDLE_SUFFIX", "BundleSink", "ReprSink", "SafetensorsSink", "TensorFiles", "load_tensor", "repr_lines"]
 
 
 class ReprSink:
-    """Keeps the repr lines of each tensor (``use_repr=True``)."""
+    """Keeps the repr lines of each tensor (``use_repr=True``).
+
+    During the forward only the printed elements are taken (a copy of at most ``threshold`` of them); the lines are
+    formatted for all tensors at once when the first of them is read, or when the step finishes
+    (:class:`graphtrace.io.repr_batch.ReprBatch`)."""
 
     per_name = False
     linewidth: int | None = SPEC_LINEWIDTH
 
-    def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
-        return repr_lines(tensor), None
+    def __init__(self) -> None:
+        self._batch = ReprBatch()
+
+    def store(self, tensor: torch.Tensor, name: str) -> tuple[Sequence[str], None]:
+        return self.store_snapshot(printed_values(tensor), name)
 
     def snapshot(self, tensor: torch.Tensor, name: str) -> PrintedValues | tuple[str, ...]:
-        """The printed elements now, formatted by :meth:`store_snapshot` if the value is wanted after all."""
+        """The printed elements now, formatted after :meth:`store_snapshot` if the value is wanted after all."""
         return printed_values(tensor)
 
-    def store_snapshot(self, snapshot: PrintedValues | tuple[str, ...], name: str) -> tuple[tuple[str, ...], None]:
-        return lines_of(snapshot), None
+    def store_snapshot(self, snapshot: PrintedValues | tuple[str, ...], name: str) -> tuple[Sequence[str], None]:
+        if isinstance(snapshot, PrintedValues):
+            return self._batch.add(snapshot), None
+        return snapshot, None  # lines torch's printer gave
 
     def finish(self) -> None:
-        """Nothing written, nothing to complete."""
+        """Format the step's lines (nothing is written)."""
+        self._batch.format()
 
     def close(self) -> None:
         """No writer to stop."""
