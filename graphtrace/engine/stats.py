@@ -115,14 +115,19 @@ def _reference_summary(tensor: torch.Tensor) -> TensorSummary:
 def _reductions(tensor: torch.Tensor, precision: int) -> list[float]:
     """mean, std, min, max in the tensor's own dtype (float64, or float32 for other floating dtypes), fetched in one
     host transfer off the CPU; for a large tensor of a spec dtype, std from :mod:`graphtrace.engine.std_bound` where
-    it proves the printed digits."""
+    it proves the printed digits, and for a mid-sized float32 one where it proves torch's value."""
     dtype = tensor.dtype
     data = tensor if dtype in SPEC_STAT_DTYPES or dtype == torch.float64 else tensor.float()
     low, high = torch.aminmax(data)
-    if data.numel() >= std_bound.MIN_ELEMENTS and dtype in SPEC_STAT_DTYPES and data.is_contiguous():
+    n = data.numel()
+    large = n >= std_bound.MIN_ELEMENTS and dtype in SPEC_STAT_DTYPES and data.is_contiguous()
+    if large or (std_bound.MIN_DOUBLE_ELEMENTS <= n < std_bound.MIN_ELEMENTS and dtype == torch.float32):
         mean, lowest, highest = _fetch(data.mean(), low, high)
         if math.isfinite(lowest) and math.isfinite(highest):
-            std = std_bound.printed_std(data, mean, lambda value: format_scalar(value, dtype, precision))
+            if large:
+                std = std_bound.printed_std(data, mean, lambda value: format_scalar(value, dtype, precision))
+            else:
+                std = std_bound.float32_std(data, mean)
             if std is not None:
                 return [mean, std, lowest, highest]
         return [mean, data.std().item(), lowest, highest]
