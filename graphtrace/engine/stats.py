@@ -165,36 +165,42 @@ def summarize(tensor: torch.Tensor) -> TensorSummary:
     return TensorSummary(stats, spec, *_nonfinite_counts(tensor, low, high))
 
 
-_group_counts: dict[int, int] = {}
+_group_counts: dict[torch.Size, int] = {}
 
 
-def _groups(rows: int) -> int:
-    groups = _group_counts.get(rows)
+def _groups(shape: torch.Size) -> int:
+    """How many row groups the sketch of a tensor of ``shape`` has; 0 when it has none (0-d, under two elements)."""
+    groups = _group_counts.get(shape)
     if groups is None:
         if len(_group_counts) >= 4096:
             _group_counts.clear()
-        groups = _group_counts[rows] = next(g for g in range(min(SKETCH_GROUPS, rows), 0, -1) if rows % g == 0)
+        numel = math.prod(shape)
+        if not shape or numel < 2:
+            groups = 0
+        else:
+            rows = numel // shape[-1]
+            groups = next(g for g in range(min(SKETCH_GROUPS, rows), 0, -1) if rows % g == 0)
+        _group_counts[shape] = groups
     return groups
 
 
 def row_sketch(tensor: torch.Tensor) -> tuple[float, ...] | None:
     """The value fingerprint of ``tensor`` (see TensorRecord.sketch), or None for a tensor without statistics."""
-    if (
-        not tensor.dtype.is_floating_point
-        or tensor.layout != torch.strided
-        or tensor.is_meta
-        or tensor.dim() == 0
-        or tensor.numel() < 2
-    ):
+    if not tensor.dtype.is_floating_point or tensor.layout != torch.strided or tensor.is_meta:
+        return None
+    groups = _groups(tensor.shape)
+    if not groups:
         return None
     if tensor.requires_grad and torch.is_grad_enabled():
         with torch.no_grad():
-            return _sketch(tensor.detach())
-    return _sketch(tensor)  # no autograd in play: the same operations without a no_grad() object per tensor
+            return _sketch(tensor.detach(), groups)
+    return _sketch(tensor, groups)  # no autograd in play: the same operations without a no_grad() object per tensor
 
 
-def _sketch(tensor: torch.Tensor) -> tuple[float, ...]:
-    grouped = tensor.reshape(_groups(tensor.numel() // tensor.shape[-1]), -1)
+def _sketch(tensor: torch.Tensor, groups: int) -> tuple[float, ...]:
+    grouped = tensor.reshape(groups, -1)
     if grouped.dtype != torch.float32 and grouped.dtype != torch.float64:
         grouped = grouped.float()
-    return tuple(torch.cat((grouped.sum(1), (grouped * grouped).sum(1))).tolist())
+    sums = grouped.sum(1).tolist()
+    sums += (grouped * grouped).sum(1).tolist()  # read apart: no third tensor to join them in
+    return tuple(sums)
