@@ -162,6 +162,7 @@ class Recorder:
         # With pruning ahead, blocks that it will drop get no values (see layer_pruning); sinks opt in.
         self._deferral = LayerBlockDeferral(sink) if prune_layers and sink is not None else None
         self._linewidth = sink.linewidth if sink is not None else None
+        self._named = sink is not None  # values are stored under file names; without a sink no name is read
         self.on_step = on_step
         self.on_step_start = on_step_start
         self.detached_steps = detached_steps
@@ -216,7 +217,7 @@ class Recorder:
             frame.structural = True
             self._stack.append(frame)
             return frame
-        prefix = f"{frame.name}_inputs"
+        prefix = f"{frame.name}_inputs" if self._named else ""
         # The reference records {"args": ..., "kwargs": ...}; a submodule drops an empty one (naming is unaffected).
         if args:
             frame.args = self._convert_sequence(args, f"{prefix}_args", frame, True, False)
@@ -233,7 +234,7 @@ class Recorder:
             return
         store = frame.leaf or frame.root
         try:
-            outputs = self._convert(output, f"{frame.name}_outputs", frame, store, True)
+            outputs = self._convert(output, f"{frame.name}_outputs" if self._named else "", frame, store, True)
         except BaseException as exc:
             self.fail(frame, exc)
             raise
@@ -364,12 +365,17 @@ class Recorder:
 
     def _convert_sequence(self, values: Any, name: str, frame: Frame, store: bool, produced: bool) -> tuple[Value, ...]:
         convert = self._convert  # a list comprehension: no generator frame per call
+        if not self._named:
+            return tuple([convert(v, "", frame, store, produced) for v in values])
         return tuple([convert(v, f"{name}_{i}", frame, store, produced) for i, v in enumerate(values)])
 
     def _convert_mapping(
         self, values: Any, name: str, frame: Frame, store: bool, produced: bool
     ) -> Mapping[str, Value]:
-        return {k: self._convert(v, f"{name}_{k}", frame, store, produced) for k, v in values.items()}
+        convert = self._convert
+        if not self._named:
+            return {k: convert(v, "", frame, store, produced) for k, v in values.items()}
+        return {k: convert(v, f"{name}_{k}", frame, store, produced) for k, v in values.items()}
 
     def _tensor(
         self,
