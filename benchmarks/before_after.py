@@ -1,7 +1,8 @@
-"""The tiny Llama's capture stages before and after a change, interleaved in one process.
+"""A model's capture stages (the tiny Llama's by default) before and after a change, interleaved in one process.
 
     python -m benchmarks.before_after --base 17d3dfc               # the working tree against commit 17d3dfc
     python -m benchmarks.before_after --base main --rounds 60
+    python -m benchmarks.before_after --base main --model gpt2-small --rounds 9
 
 The graphtrace of ``--base`` is exported with ``git archive`` into a temporary directory and imported under another
 package name beside the working tree's, so that both run in the same process, on the same model and inputs, every
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 
 import graphtrace
-from benchmarks.models import build
+from benchmarks.models import MODELS, build
 
 _BASE_NAME = "graphtrace_base"
 
@@ -78,9 +79,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", required=True, help="the git revision to compare the working tree with")
     parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--model", default="tiny-llama", choices=list(MODELS))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model, inputs = build("tiny-llama")
+    model, inputs = build(args.model)
     with tempfile.TemporaryDirectory() as temporary:
         root = Path(temporary)
         base = import_base(args.base, root / "base")
@@ -110,7 +112,7 @@ def main() -> None:
                 times[key].append(time.process_time() - started)
     plain_times = times["plain forward", ""]
     print(
-        f"tiny-llama, torch {torch.__version__}, 1 thread, {args.rounds} rounds, process_time medians; "
+        f"{args.model}, torch {torch.__version__}, 1 thread, {args.rounds} rounds, process_time medians; "
         f"plain {statistics.median(plain_times) * 1000:.2f} ms; base {args.base}"
     )
     print(f"{'stage':<44} {'before ms':>9}  {'x plain (IQR)':<18} {'after ms':>8}  x plain (IQR)")
