@@ -1,7 +1,8 @@
-"""The tiny Llama's capture stages before and after a change, interleaved in one process.
+"""A model's capture stages (the tiny Llama's by default) before and after a change, interleaved in one process.
 
     python -m benchmarks.before_after --base 17d3dfc               # the working tree against commit 17d3dfc
     python -m benchmarks.before_after --base main --rounds 60
+    python -m benchmarks.before_after --base main --model gpt2-small --rounds 9
 
 The graphtrace of ``--base`` is exported with ``git archive`` into a temporary directory and imported under another
 package name beside the working tree's, so that both run in the same process, on the same model and inputs, every
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 
 import graphtrace
-from benchmarks.models import build
+from benchmarks.models import MODELS, build
 
 _BASE_NAME = "graphtrace_base"
 
@@ -79,11 +80,15 @@ StagesOf = Callable[[Any, torch.nn.Module, dict[str, Any], Path], dict[str, Call
 
 
 def interleaved(
-    revision: str, stages_of: StagesOf, rounds: int, clocks: dict[str, Callable[[], float]]
+    revision: str,
+    stages_of: StagesOf,
+    rounds: int,
+    clocks: dict[str, Callable[[], float]],
+    model_name: str = "tiny-llama",
 ) -> tuple[list[str], dict[tuple[str, str, str], list[float]]]:
-    """The stages of the working tree and of ``revision`` on the tiny Llama, every stage of both and a plain forward
+    """The stages of the working tree and of ``revision`` on a model, every stage of both and a plain forward
     (side ``""``) in every round in a rotating order; returns the stages' names and the times by (name, side, clock)."""
-    model, inputs = build("tiny-llama")
+    model, inputs = build(model_name)
     with tempfile.TemporaryDirectory() as temporary:
         root = Path(temporary)
         base = import_base(revision, root / "base")
@@ -133,20 +138,22 @@ def print_table(names: list[str], times: dict[tuple[str, str, str], list[float]]
 def run_comparison(
     description: str, stages_of: StagesOf, rounds: int, clocks: dict[str, Callable[[], float]]
 ) -> tuple[argparse.Namespace, list[str], dict[tuple[str, str, str], list[float]]]:
-    """The command line (``--base``, ``--rounds``) of a before/after benchmark, and :func:`interleaved` run on it."""
+    """The command line (``--base``, ``--rounds``, ``--model``) of a before/after benchmark, and :func:`interleaved`
+    run on it."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", required=True, help="the git revision to compare the working tree with")
     parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--model", default="tiny-llama", choices=list(MODELS))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    return args, *interleaved(args.base, stages_of, args.rounds, clocks)
+    return args, *interleaved(args.base, stages_of, args.rounds, clocks, args.model)
 
 
 def main() -> None:
     args, names, times = run_comparison(__doc__ or "", stages, 40, {"cpu": time.process_time})
     plain_times = times["plain forward", "", "cpu"]
     print(
-        f"tiny-llama, torch {torch.__version__}, 1 thread, {args.rounds} rounds, process_time medians; "
+        f"{args.model}, torch {torch.__version__}, 1 thread, {args.rounds} rounds, process_time medians; "
         f"plain {statistics.median(plain_times) * 1000:.2f} ms; base {args.base}"
     )
     print_table(names, times, "cpu")

@@ -475,7 +475,6 @@ def _claim(model: nn.Module) -> None:
     """Mark ``model`` as being captured by this thread; a capture of it already under way in another thread is an
     error (both would patch the same forwards). A capture nested in the same thread (inside a forward) is not."""
     me = threading.get_ident()
-    modules = frozenset(id(module) for module in model.modules())
     with _CAPTURING_LOCK:
         owner = _CAPTURING.get(id(model))
         if owner is not None and owner != me:
@@ -483,16 +482,24 @@ def _claim(model: nn.Module) -> None:
                 f"{type(model).__name__} is being captured by another thread; capture one model from one thread at "
                 "a time (or capture a copy of the model)."
             )
-        for other, (other_class, other_modules) in _MODULES.items():
-            if other != id(model) and modules & other_modules:
-                raise InvalidOptionError(
-                    f"{type(model).__name__} shares modules with {other_class}, whose capture is under way; two "
-                    "captures cannot record the same modules at once. Capture the outer model once and find the "
-                    "call in its trace (trace.find(path)), or capture this module outside the other capture."
-                )
+        others = [other for key, other in _MODULES.items() if key != id(model)]
+        if others:  # the modules are listed only when another capture is under way: nearly never
+            modules = _module_ids(model)
+            for other in others:
+                if modules & _module_ids(other):
+                    raise InvalidOptionError(
+                        f"{type(model).__name__} shares modules with {type(other).__name__}, whose capture is under "
+                        "way; two captures cannot record the same modules at once. Capture the outer model once and "
+                        "find the call in its trace (trace.find(path)), or capture this module outside the other "
+                        "capture."
+                    )
         _CAPTURING[id(model)] = me if owner is None else owner
-        _MODULES[id(model)] = (type(model).__name__, modules)
+        _MODULES[id(model)] = model
         _NESTING[id(model)] = _NESTING.get(id(model), 0) + 1
+
+
+def _module_ids(model: nn.Module) -> frozenset[int]:
+    return frozenset(id(module) for module in model.modules())
 
 
 def _release(model: nn.Module) -> None:
@@ -507,7 +514,7 @@ def _release(model: nn.Module) -> None:
 
 
 _NESTING: dict[int, int] = {}
-_MODULES: dict[int, tuple[str, frozenset[int]]] = {}  # id(model) under capture -> its class name, its modules' ids
+_MODULES: dict[int, nn.Module] = {}  # id(model) under capture -> the model
 
 
 def _selector(patterns: tuple[str, ...]) -> Callable[[str], bool]:

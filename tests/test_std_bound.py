@@ -215,3 +215,65 @@ def test_summarize_uses_it_and_keeps_the_reference_strings(monkeypatch: pytest.M
     with torch._tensor_str.printoptions(sci_mode=True):
         assert summarize(transposed).spec_stats[1] == repr(transposed.std())
     assert len(calls) == 3  # the transposed tensor never reached the bound
+
+
+def test_float32_std_is_torchs_own_float_or_refused() -> None:
+    """Mid-sized float32 tensors (the double-precision dot product): the very float torch returns, seldom None."""
+    generator = torch.Generator().manual_seed(4)
+    refused = 0
+    for i in range(60):
+        n = int(torch.randint(2, 200_000, (), generator=generator))
+        x = torch.randn(n, generator=generator) * 10.0 ** (i % 9 - 4) + [0.0, 1.0, -300.0][i % 3]
+        if i % 4 == 0:  # strided: torch adds in another order, the bound does not care
+            x = x[: n // 4 * 4].view(-1, 4).t()
+        value = std_bound.float32_std(x, x.mean().item())
+        refused += value is None
+        assert value is None or value == x.std().item(), i
+    assert refused <= 2
+
+
+def _float32_midpoint(near: float) -> tuple[Fraction, float, float]:
+    """The midpoint of two neighbouring float32 values around ``near``, and the two values."""
+    low = _as_f32(near)
+    high = _f32_after(low, 1)
+    return (Fraction(low) + Fraction(high)) / 2, low, high
+
+
+@pytest.mark.parametrize(("offset", "decided"), [(-1e-9, True), (-1e-15, False), (1e-15, False), (1e-9, True)])
+def test_float32_std_refuses_a_std_at_a_float32_rounding_midpoint(offset: float, decided: bool) -> None:
+    """A std within the sums' own error of the midpoint between two float32 values cannot be told: refused; one
+    further off (still far closer than the printed digits see) is decided, and is torch's float."""
+    midpoint, below, above = _float32_midpoint(1.2345678)
+    x = _tensor_with_exact_std(midpoint * (1 + Fraction(offset)))
+    value = std_bound.float32_std(x, x.mean().item())
+    if decided:
+        assert value == x.std().item() == (above if offset > 0 else below)
+    else:
+        assert value is None
+
+
+def test_float32_std_refuses_what_the_bound_cannot_see() -> None:
+    generator = torch.Generator().manual_seed(5)
+    base = torch.randn(40_000, generator=generator)
+    assert std_bound.float32_std(torch.full((40_000,), 0.5), 0.5) is None  # no spread
+    subnormal = base * 1e-42  # a flushed float32 input would move the sum by more than the sum itself
+    assert std_bound.float32_std(subnormal, subnormal.mean().item()) is None
+    for x in (base * 1e30, base * 1e-20, base * 1e-4 + 3.0):  # double precision copes with what float32 does not
+        assert std_bound.float32_std(x, x.mean().item()) == x.std().item()
+
+
+def test_summarize_takes_torchs_float_for_mid_sized_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    exact = std_bound.float32_std
+    monkeypatch.setattr(std_bound, "float32_std", lambda data, mean: calls.append(data.numel()) or exact(data, mean))
+    generator = torch.Generator().manual_seed(6)
+    for shape in [(1, 128, 768), (1, 128, 3072)]:
+        x = torch.randn(shape, generator=generator)
+        with torch._tensor_str.printoptions(sci_mode=True):
+            expected = tuple(repr(r) for r in (x.mean(), x.std(), x.min(), x.max()))
+        summary = summarize(x)
+        assert summary.spec_stats == expected
+        assert summary.stats is not None and summary.stats.std == x.std().item()
+    summarize(torch.randn(1, 16, 1024, dtype=torch.float16, generator=generator))  # float16: torch's std
+    summarize(torch.randn(std_bound.MIN_DOUBLE_ELEMENTS - 1, generator=generator))  # too small to pay
+    assert calls == [128 * 768, 128 * 3072]

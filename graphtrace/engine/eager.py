@@ -62,14 +62,42 @@ class PatchLedger:
 def module_paths(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     """Every distinct module with the path transformers gives it: the class name, then ``.{named_modules name}``.
 
-    A module registered under several names is reported once, under its first name, as ``named_modules`` does."""
+    A module registered under several names is reported once, under its first name, as ``named_modules`` does. The
+    walk is ``named_modules``' own (preorder, the same memo) without a generator per level; a model with a class
+    that overrides ``named_modules`` is walked by that method."""
     root = type(model).__name__
-    for name, module in model.named_modules():
-        yield (f"{root}.{name}" if name else root), module
+    paths = _preorder(model, root)
+    if paths is None:
+        paths = [((f"{root}.{name}" if name else root), module) for name, module in model.named_modules()]
+    return iter(paths)
+
+
+_NAMED_MODULES = nn.Module.named_modules
+_CHILDREN = nn.Module.children
+
+
+def _preorder(model: nn.Module, root: str) -> list[tuple[str, nn.Module]] | None:
+    """``named_modules``' walk, or None when a class on the way has its own ``named_modules``."""
+    seen: set[nn.Module] = set()
+    paths = []
+    pending: list[tuple[str, nn.Module]] = [(root, model)]
+    while pending:
+        path, module = pending.pop()
+        if module in seen:
+            continue
+        if type(module).named_modules is not _NAMED_MODULES:
+            return None
+        seen.add(module)
+        paths.append((path, module))
+        children = [(f"{path}.{name}", child) for name, child in module._modules.items() if child is not None]
+        pending.extend(reversed(children))
+    return paths
 
 
 def is_leaf(module: nn.Module) -> bool:
     """A module without child modules: the transformers format records outputs only for these (and the root)."""
+    if type(module).children is _CHILDREN:  # what children() yields: the entries of _modules that are not None
+        return all(child is None for child in module._modules.values())
     return next(iter(module.children()), None) is None
 
 
@@ -132,23 +160,33 @@ def make_wrapper(
     type_name = type(module).__name__
     leaf = is_leaf(module)
     begin, end, fail = recorder.begin, recorder.end, recorder.fail
-    call = without_grad(forward) if no_grad else forward
 
     if watcher is None:
+        set_grad_enabled, is_grad_enabled = torch._C._set_grad_enabled, torch.is_grad_enabled
 
         def recording_forward(*args: Any, **kwargs: Any) -> Any:
+            # without_grad's work inline: one Python frame per call instead of two
             frame = begin(path, type_name, leaf, args, kwargs, root=root)
+            mode = is_grad_enabled()
+            if no_grad:
+                set_grad_enabled(False)
             try:
-                output = call(*args, **kwargs)
+                output = forward(*args, **kwargs)
             except BaseException as exc:
+                if no_grad:
+                    set_grad_enabled(mode)
                 if frame is not None:
                     fail(frame, exc)
                 raise
+            if no_grad:
+                set_grad_enabled(mode)
             if frame is not None:
                 end(frame, output)
             return output
 
         return functools.wraps(forward)(recording_forward)
+
+    call = without_grad(forward) if no_grad else forward
 
     def watched_forward(*args: Any, **kwargs: Any) -> Any:
         if watcher.passes_through():

@@ -162,6 +162,7 @@ class Recorder:
         # With pruning ahead, blocks that it will drop get no values (see layer_pruning); sinks opt in.
         self._deferral = LayerBlockDeferral(sink) if prune_layers and sink is not None else None
         self._linewidth = sink.linewidth if sink is not None else None
+        self._named = sink is not None  # values are stored under file names; without a sink no name is read
         self.on_step = on_step
         self.on_step_start = on_step_start
         self.detached_steps = detached_steps
@@ -216,7 +217,7 @@ class Recorder:
             frame.structural = True
             self._stack.append(frame)
             return frame
-        prefix = f"{frame.name}_inputs"
+        prefix = f"{frame.name}_inputs" if self._named else ""
         # The reference records {"args": ..., "kwargs": ...}; a submodule drops an empty one (naming is unaffected).
         if args:
             frame.args = self._convert_sequence(args, f"{prefix}_args", frame, True, False)
@@ -233,7 +234,7 @@ class Recorder:
             return
         store = frame.leaf or frame.root
         try:
-            outputs = self._convert(output, f"{frame.name}_outputs", frame, store, True)
+            outputs = self._convert(output, f"{frame.name}_outputs" if self._named else "", frame, store, True)
         except BaseException as exc:
             self.fail(frame, exc)
             raise
@@ -364,12 +365,17 @@ class Recorder:
 
     def _convert_sequence(self, values: Any, name: str, frame: Frame, store: bool, produced: bool) -> tuple[Value, ...]:
         convert = self._convert  # a list comprehension: no generator frame per call
+        if not self._named:
+            return tuple([convert(v, "", frame, store, produced) for v in values])
         return tuple([convert(v, f"{name}_{i}", frame, store, produced) for i, v in enumerate(values)])
 
     def _convert_mapping(
         self, values: Any, name: str, frame: Frame, store: bool, produced: bool
     ) -> Mapping[str, Value]:
-        return {k: self._convert(v, f"{name}_{k}", frame, store, produced) for k, v in values.items()}
+        convert = self._convert
+        if not self._named:
+            return {k: convert(v, "", frame, store, produced) for k, v in values.items()}
+        return {k: convert(v, f"{name}_{k}", frame, store, produced) for k, v in values.items()}
 
     def _tensor(
         self,
@@ -380,9 +386,10 @@ class Recorder:
         produced: bool,
         dtensor: DTensorInfo | None,
     ) -> TensorRecord:
-        seen = self._remember(tensor)
-        if produced and self.sketches and seen.record.sketch is None and seen.record.stats is not None:
-            # a fingerprint of what calls return (what a diff compares), not of every argument
+        # a fingerprint of what calls return (what a diff compares), not of every argument
+        sketch = produced and self.sketches
+        seen = self._remember(tensor, sketch)
+        if sketch and seen.record.sketch is None and seen.record.stats is not None:  # met before as an argument
             seen.record = seen.record.with_sketch(row_sketch(tensor))
         if frame.kind == "op" and frame.source is None:
             pass  # an fx op record: its data flow comes from the graph
@@ -420,21 +427,22 @@ class Recorder:
         record = self._remember(value).record if statistics else _record(value, NO_STATS)
         return record if dtensor is None else dataclasses.replace(record, dtensor=dtensor)
 
-    def _remember(self, tensor: torch.Tensor) -> _Seen:
-        """The cached facts about ``tensor``, recomputed when it is new or was modified in place since."""
+    def _remember(self, tensor: torch.Tensor, sketch: bool = False) -> _Seen:
+        """The cached facts about ``tensor``, recomputed when it is new or was modified in place since (a new record
+        gets the value fingerprint when ``sketch``)."""
         key = id(tensor)
         grad_mode = tensor.requires_grad and torch.is_grad_enabled()
         try:
             version = tensor._version
         except RuntimeError:  # inference tensors have no version counter: never reuse
-            return _Seen(tensor, -1, grad_mode, _record(tensor))
+            return _Seen(tensor, -1, grad_mode, _record(tensor, sketch=sketch))
         old = self._seen.get(key)
         producer = None
         if old is not None and old.ref() is tensor:
             if old.version == version and old.grad_mode == grad_mode:
                 return old
             producer = old.producer  # modified in place since: new statistics, same origin
-        seen = _Seen(tensor, version, grad_mode, _record(tensor))
+        seen = _Seen(tensor, version, grad_mode, _record(tensor, sketch=sketch))
         seen.producer = producer
         self._seen[key] = seen
         return seen
@@ -443,20 +451,26 @@ class Recorder:
 _dtype_names: dict[torch.dtype, str] = {}
 
 
-def _record(tensor: torch.Tensor, summary: TensorSummary | None = None) -> TensorRecord:
-    """The record of ``tensor``: shape, dtype, device and statistics (computed unless given), no value."""
+def _record(tensor: torch.Tensor, summary: TensorSummary | None = None, *, sketch: bool = False) -> TensorRecord:
+    """The record of ``tensor``: shape, dtype, device and statistics (computed unless given), with the value
+    fingerprint when ``sketch`` and there are statistics (one record built, not a copy of one), no value."""
     dtype = tensor.dtype
     dtype_name = _dtype_names.get(dtype)
     if dtype_name is None:
         dtype_name = _dtype_names[dtype] = str(dtype)
     if summary is None:
         summary = summarize(tensor)
+    stats = summary.stats
     return TensorRecord(
-        shape=tuple(tensor.shape),
-        dtype=dtype_name,
-        device="cpu" if tensor.is_cpu else str(tensor.device),
-        stats=summary.stats,
-        spec_stats=summary.spec_stats,
-        nan_count=summary.nan_count,
-        inf_count=summary.inf_count,
+        tuple(tensor.shape),
+        dtype_name,
+        "cpu" if tensor.is_cpu else str(tensor.device),
+        stats,
+        summary.spec_stats,
+        summary.nan_count,
+        summary.inf_count,
+        None,  # value
+        None,  # file
+        None,  # dtensor
+        row_sketch(tensor) if sketch and stats is not None else None,
     )

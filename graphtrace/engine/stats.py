@@ -115,14 +115,19 @@ def _reference_summary(tensor: torch.Tensor) -> TensorSummary:
 def _reductions(tensor: torch.Tensor, precision: int) -> list[float]:
     """mean, std, min, max in the tensor's own dtype (float64, or float32 for other floating dtypes), fetched in one
     host transfer off the CPU; for a large tensor of a spec dtype, std from :mod:`graphtrace.engine.std_bound` where
-    it proves the printed digits."""
+    it proves the printed digits, and for a mid-sized float32 one where it proves torch's value."""
     dtype = tensor.dtype
     data = tensor if dtype in SPEC_STAT_DTYPES or dtype == torch.float64 else tensor.float()
     low, high = torch.aminmax(data)
-    if data.numel() >= std_bound.MIN_ELEMENTS and dtype in SPEC_STAT_DTYPES and data.is_contiguous():
+    n = data.numel()
+    large = n >= std_bound.MIN_ELEMENTS and dtype in SPEC_STAT_DTYPES and data.is_contiguous()
+    if large or (std_bound.MIN_DOUBLE_ELEMENTS <= n < std_bound.MIN_ELEMENTS and dtype == torch.float32):
         mean, lowest, highest = _fetch(data.mean(), low, high)
         if math.isfinite(lowest) and math.isfinite(highest):
-            std = std_bound.printed_std(data, mean, lambda value: format_scalar(value, dtype, precision))
+            if large:
+                std = std_bound.printed_std(data, mean, lambda value: format_scalar(value, dtype, precision))
+            else:
+                std = std_bound.float32_std(data, mean)
             if std is not None:
                 return [mean, std, lowest, highest]
         return [mean, data.std().item(), lowest, highest]
@@ -160,36 +165,42 @@ def summarize(tensor: torch.Tensor) -> TensorSummary:
     return TensorSummary(stats, spec, *_nonfinite_counts(tensor, low, high))
 
 
-_group_counts: dict[int, int] = {}
+_group_counts: dict[torch.Size, int] = {}
 
 
-def _groups(rows: int) -> int:
-    groups = _group_counts.get(rows)
+def _groups(shape: torch.Size) -> int:
+    """How many row groups the sketch of a tensor of ``shape`` has; 0 when it has none (0-d, under two elements)."""
+    groups = _group_counts.get(shape)
     if groups is None:
         if len(_group_counts) >= 4096:
             _group_counts.clear()
-        groups = _group_counts[rows] = next(g for g in range(min(SKETCH_GROUPS, rows), 0, -1) if rows % g == 0)
+        numel = math.prod(shape)
+        if not shape or numel < 2:
+            groups = 0
+        else:
+            rows = numel // shape[-1]
+            groups = next(g for g in range(min(SKETCH_GROUPS, rows), 0, -1) if rows % g == 0)
+        _group_counts[shape] = groups
     return groups
 
 
 def row_sketch(tensor: torch.Tensor) -> tuple[float, ...] | None:
     """The value fingerprint of ``tensor`` (see TensorRecord.sketch), or None for a tensor without statistics."""
-    if (
-        not tensor.dtype.is_floating_point
-        or tensor.layout != torch.strided
-        or tensor.is_meta
-        or tensor.dim() == 0
-        or tensor.numel() < 2
-    ):
+    if not tensor.dtype.is_floating_point or tensor.layout != torch.strided or tensor.is_meta:
+        return None
+    groups = _groups(tensor.shape)
+    if not groups:
         return None
     if tensor.requires_grad and torch.is_grad_enabled():
         with torch.no_grad():
-            return _sketch(tensor.detach())
-    return _sketch(tensor)  # no autograd in play: the same operations without a no_grad() object per tensor
+            return _sketch(tensor.detach(), groups)
+    return _sketch(tensor, groups)  # no autograd in play: the same operations without a no_grad() object per tensor
 
 
-def _sketch(tensor: torch.Tensor) -> tuple[float, ...]:
-    grouped = tensor.reshape(_groups(tensor.numel() // tensor.shape[-1]), -1)
+def _sketch(tensor: torch.Tensor, groups: int) -> tuple[float, ...]:
+    grouped = tensor.reshape(groups, -1)
     if grouped.dtype != torch.float32 and grouped.dtype != torch.float64:
         grouped = grouped.float()
-    return tuple(torch.cat((grouped.sum(1), (grouped * grouped).sum(1))).tolist())
+    sums = grouped.sum(1).tolist()
+    sums += (grouped * grouped).sum(1).tolist()  # read apart: no third tensor to join them in
+    return tuple(sums)
