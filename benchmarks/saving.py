@@ -44,7 +44,7 @@ def stages(package: Any, model: torch.nn.Module, inputs: dict[str, Any], out: Pa
 
 def main() -> None:
     args, names, times = run_comparison(__doc__ or "", stages, 20, _CLOCKS)
-    print(f"tiny-llama, torch {torch.__version__}, 1 thread, {args.rounds} rounds, medians; base {args.base}")
+    print(f"{args.model}, torch {torch.__version__}, 1 thread, {args.rounds} rounds, medians; base {args.base}")
     for clock in _CLOCKS:
         print(f"\n{clock} time; plain forward {statistics.median(times['plain forward', '', clock]) * 1000:.2f} ms")
         print_table(names, times, clock)
