@@ -76,7 +76,3 @@ NEOX_CASES = [
 # What only statistics can tell: the parts of a fused call are compared as a whole, so the port's module that calls
 # them is the most precise answer there is
 STATS_EXPECTED = {("neox", "q_without_bias"): "transformer.h.1.attn"}
-
-# Known misses, by (arch, bug, values): the final norm's eps moves the logits by 2e-6, below the element tolerance at
-# the norm; with full values, the lean of the differences becomes significant only at lm_head, which is named
-KNOWN_MISSES = {("neox", "final_eps", "safetensors"), ("neox", "final_eps", "bundle")}

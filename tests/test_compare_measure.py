@@ -86,3 +86,27 @@ def test_shapes_and_missing_statistics() -> None:
     assert ints.status == "unchecked" and ints.reason == ""
     half = measure("outputs", _record(None), "outputs", _record(Stats(0, 1, -1, 1)), Tolerance())
     assert half.status == "unchecked" and half.reason == "no statistics in A"
+
+
+def _by_values(a: torch.Tensor, b: torch.Tensor) -> str:
+    record = TensorRecord(shape=tuple(a.shape), dtype="torch.float32", stats=Stats(0.0, 1.0, -1.0, 1.0))
+    return measure("outputs", record, "outputs", record, Tolerance(), (a, b)).status
+
+
+def test_a_lean_far_below_the_element_tolerance_is_a_departure_and_rounding_is_not() -> None:
+    """A norm's eps scales every element by a relative 1e-6 or less: every element is well within torch.testing's
+    tolerance (atol 1e-5), but the differences lean one way far beyond their own scatter and beyond a few units of
+    rounding. Two honest implementations differ by rounding that leans no way, or by less than those few units."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(22, 64, generator=generator) * 0.2 + torch.randn(64, generator=generator) * 0.2
+    assert _by_values(a, a * (1 + 1e-6)) == "diverged"  # about 8 units of float32 rounding, every element within
+    assert _by_values(a, a * (1 + 2e-7)) == "equal"  # under 2 units: as systematic as rounding may be
+    rounded = ((a.double() * 3.0).float() / 3.0).float()  # rounded twice: differences of an ulp, both ways
+    assert bool((rounded != a).any())
+    assert _by_values(a, rounded) == "equal"
+    noise = (torch.rand(a.shape, generator=generator) - 0.5) * 4e-7 * a.abs()  # up to 2 ulps either way, no lean
+    assert _by_values(a, a + noise) == "equal"
+    # scatter of up to 8e-6 (within atol): its mean lies beyond the few units of rounding by chance alone, but
+    # within what that scatter allows
+    scatter = (torch.rand(a.shape, generator=torch.Generator().manual_seed(2)) - 0.5) * 1.6e-5
+    assert _by_values(a, a + scatter) == "equal"

@@ -53,6 +53,8 @@ _EPSILON = {
     "torch.complex128": 2.22e-16,
 }
 _ROUNDING_UNITS = 4.0
+_LEANING_T = 8.0
+"""How many standard errors a mean difference must lie from zero to count as a lean rather than scatter."""
 
 
 def _epsilon(a: str, b: str) -> float:
@@ -372,8 +374,18 @@ def _shift(fa: Any, fb: Any, rtol: float, atol: float, epsilon: float) -> float:
     if allowed <= 0:
         return 0.0
     offset = abs(float(delta.mean().item()))
-    scaling = abs(float((delta * fa.sign()).mean().item()))
-    return max(offset, scaling) / allowed
+    leaning = delta * fa.sign()
+    scaling = abs(float(leaning.mean().item()))
+    ratio = max(offset, scaling) / allowed
+    # the same two means against their own spread: a bug far below the element tolerance (a norm's eps) still leans
+    # far beyond what its own differences scatter by, and beyond a few units of rounding
+    floor = _ROUNDING_UNITS * epsilon * magnitude
+    if floor > 0:
+        for mean, spread in ((offset, float(delta.std().item())), (scaling, float(leaning.std().item()))):
+            if spread > 0:
+                t = mean / (spread / math.sqrt(n))
+                ratio = max(ratio, min(mean / floor, t / _LEANING_T))
+    return ratio
 
 
 def _last_dim_permutations(shape: tuple[int, ...]) -> list[tuple[str, Any]]:
