@@ -138,6 +138,20 @@ def test_signatures_key_on_what_a_graph_is_specialised_on() -> None:
     assert signature(module, (torch.ones(1), object()), {}).kinds == ("tensor", "opaque")
 
 
+def test_a_call_with_positional_tensors_only_keys_as_its_fake_counterpart() -> None:
+    """``module(x)`` skips taking its arguments apart; a parent's trace (fake tensors, taken apart) must still find
+    the plan the real call is cached under, and no argument may be dropped or reordered."""
+    module = nn.Linear(2, 2)
+    x, y = torch.ones(3, 2), torch.ones(2, dtype=torch.float64)
+    fake_mode = FakeTensorMode()
+    for args in ((x,), (x, y), ()):
+        real = signature(module, args, {})
+        fake = signature(module, tuple(fake_mode.from_tensor(arg) for arg in args), {})
+        assert real.key == fake.key and real.structure == fake.structure and real.kinds == fake.kinds
+        assert real.leaves == list(args)
+    assert signature(module, (x, y), {}).key != signature(module, (y, x), {}).key
+
+
 class UsesShapes(nn.Module):
     """Shape unpacking and a shape test, which plain fx cannot trace."""
 

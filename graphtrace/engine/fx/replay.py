@@ -23,21 +23,14 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from graphtrace.engine.fx.containers import flatten, unflatten
+from graphtrace.engine.fx.containers import unflatten
 from graphtrace.engine.fx.guard import Refused, ReplayGuard, difference, tensors_in
 from graphtrace.engine.fx.lockstep import END, Lockstep
-from graphtrace.engine.fx.tracer import (
-    META,
-    STRUCTURAL_OPS,
-    UNKNOWN,
-    Opaque,
-    Plan,
-    impurity,
-)
+from graphtrace.engine.fx.tracer import STRUCTURAL_OPS, Plan, impurity
 from graphtrace.engine.recorder import Frame, Recorder
 from graphtrace.errors import describe_error
 
-__all__ = ["Replay", "nonconforming"]
+__all__ = ["Replay"]
 
 
 def _unique(ids: Iterable[str]) -> tuple[str, ...]:
@@ -179,7 +172,7 @@ class Replay(Lockstep, fx.Interpreter):
             elif op == "call_module":
                 args, kwargs = self.fetch_args_kwargs_from_env(node)
                 value = yield _Call(node, self.fetch_attr(node.target), args, kwargs)
-                found = nonconforming(node.meta.get(META, UNKNOWN), value)
+                found = self.plan.returns[node].nonconforming(value)
                 if found is not None:
                     raise Mismatch(f"{node.target} returned {found} than the graph was traced with")
             elif op == "output":
@@ -215,28 +208,3 @@ def _reads_from(node: fx.Node, external: set[fx.Node]) -> bool:
         and isinstance(node.args[0], fx.Node)
         and (node.args[0] in external)
     )
-
-
-def nonconforming(expected: Any, actual: Any) -> str | None:
-    """How a child's real output differs from the trace-time value the graph was built on (its structure, its
-    constants, its tensors' shapes and dtypes), or None."""
-    if expected is UNKNOWN:
-        return None
-    expected_leaves, expected_structure = flatten(expected)
-    actual_leaves, actual_structure = flatten(actual)
-    if expected_structure != actual_structure:
-        return "another structure"
-    for want, got in zip(expected_leaves, actual_leaves):
-        if isinstance(want, torch.Tensor):
-            if not isinstance(got, torch.Tensor) or (want.shape, want.dtype, want.device) != (
-                got.shape,
-                got.dtype,
-                got.device,
-            ):
-                return "another tensor"
-        elif isinstance(want, Opaque):
-            if type(got) is not type(want.value):
-                return "another object"
-        elif difference(want, got) is not None:
-            return f"another constant ({got!r}, traced with {want!r})"
-    return None

@@ -88,10 +88,26 @@ class Signature:
 
 
 def signature(module: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Signature:
-    leaves, structure = flatten((tuple(args), dict(kwargs)))
-    kinds = tuple([leaf_kind(leaf) for leaf in leaves])
+    if not kwargs and all([type(arg) is torch.Tensor for arg in args]):  # module(x): nothing to take apart
+        leaves = list(args)
+        structure = _positional_tensors(len(leaves))
+        kinds: tuple[str, ...] = (TENSOR,) * len(leaves)
+    else:
+        leaves, structure = flatten((tuple(args), dict(kwargs)))
+        kinds = tuple([leaf_kind(leaf) for leaf in leaves])
     key = (module.training, structure, tuple([_leaf_key(leaf, kind) for leaf, kind in zip(leaves, kinds)]))
     return Signature(key, leaves, structure, kinds)
+
+
+_POSITIONAL: dict[int, Structure] = {}
+
+
+def _positional_tensors(count: int) -> Structure:
+    """The structure :func:`flatten` gives the arguments of a call with ``count`` positional leaves and no keyword."""
+    structure = _POSITIONAL.get(count)
+    if structure is None:
+        structure = _POSITIONAL[count] = flatten(((None,) * count, {}))[1]
+    return structure
 
 
 def is_constant(value: Any) -> bool:

@@ -24,8 +24,7 @@ from graphtrace.engine.fx.containers import flatten
 from graphtrace.engine.fx.graph_flow import CALL
 from graphtrace.engine.fx.guard import tensors_in
 from graphtrace.engine.fx.lockstep import END, Lockstep
-from graphtrace.engine.fx.replay import nonconforming
-from graphtrace.engine.fx.tracer import META, UNKNOWN, Plan
+from graphtrace.engine.fx.tracer import UNKNOWN, Plan
 from graphtrace.engine.recorder import Frame, Recorder
 
 __all__ = ["StructuralReplay"]
@@ -50,7 +49,7 @@ class StructuralReplay(Lockstep):
         if output is not _NOTHING:  # the child call that just returned: its output as the graph was traced with?
             node = calls[self._next].node
             self._next += 1
-            found = nonconforming(node.meta.get(META, UNKNOWN), output)
+            found = self.plan.returns[node].nonconforming(output)
             if found is not None:
                 self._fail(f"Mismatch: {node.target} returned {found} than the graph was traced with")
                 return None
@@ -75,7 +74,7 @@ class StructuralReplay(Lockstep):
         self._child_ids.append(frame.id)
 
     def _output_difference(self, output: Any) -> str | None:
-        found = nonconforming(self.plan.output_meta, output)
+        found = self.plan.output_expectation.nonconforming(output)
         if found is None and self.plan.output_meta is UNKNOWN and flatten(output)[1] != self.plan.output:
             found = "another structure"
         return None if found is None else f"{found} than the graph was traced with"
