@@ -43,7 +43,7 @@ PLANS_PER_MODULE = 8
 """Plans kept per module key, oldest dropped first: a plan holds the constants its trace created (a causal mask of
 the sequence's length), and shape-specialised plans of a growing sequence are never needed again."""
 
-_PLAIN = (type(None), bool, int, str, bytes, torch.dtype, torch.device, torch.layout, torch.memory_format)
+_PLAIN = frozenset({type(None), bool, int, str, bytes, torch.dtype, torch.device, torch.layout, torch.memory_format})
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))
 _HOOKS = tuple(sorted(name for name in _MODULE_INTERNALS if "hook" in name and name != "_is_full_backward_hook"))
 
@@ -111,12 +111,19 @@ def _forward_key(module: nn.Module) -> Hashable:
 
 
 def _own_key(module: nn.Module) -> Hashable:
-    attributes = vars(module)
-    # list comprehensions rather than generators: this runs for every module at the start of every capture
+    attributes, internals, plain = vars(module), _MODULE_INTERNALS, _PLAIN
+    # list comprehensions rather than generators, and plain values keyed inline (as _value_key keys them): this runs
+    # for every module at the start of every capture
     return (
         type(module),
         _forward_key(module),
-        tuple([(name, _value_key(value)) for name, value in attributes.items() if name not in _MODULE_INTERNALS]),
+        tuple(
+            [
+                (name, (type(value), value) if type(value) in plain else _value_key(value))
+                for name, value in attributes.items()
+                if name not in internals
+            ]
+        ),
         module.training,
         tuple([(name, _tensor_key(p)) for name, p in module._parameters.items()]),
         tuple([(name, _tensor_key(b)) for name, b in module._buffers.items()]),
