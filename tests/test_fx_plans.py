@@ -136,6 +136,36 @@ def test_structurally_checked_layers_get_the_data_flow_of_the_verified_one(repla
     assert set(down.inputs_from) == {"DemoTransformer.layers.2.mlp.act@0", "DemoTransformer.layers.2.mlp.up_proj@0"}
 
 
+class ScalesItsInput(nn.Module):
+    """Its child reads the input through an operation: only the graph knows where the child's input comes from."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x * 2)
+
+
+class Chain(nn.Module):
+    def __init__(self, *layers: nn.Module) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_structurally_checked_call_passes_its_inputs_producers_through_the_graph(replayed: list[nn.Module]) -> None:
+    model = Chain(ScalesItsInput(), ScalesItsInput(), ScalesItsInput())
+    trace = graphtrace.capture(model, {"x": torch.randn(2, 4)}, values="none")
+    assert [module for module in replayed if isinstance(module, ScalesItsInput)] == [model.layers[0]]
+    for i in (1, 2):  # structural: the input's producer (the layer before) reaches the child through x * 2
+        assert trace.find(f"Chain.layers.{i}.proj").inputs_from == (f"Chain.layers.{i - 1}@0",)  # type: ignore[union-attr]
+
+
 class SwitchesChildren(nn.Module):
     """Calls ``a``, or ``b`` once a Python counter outside the module's attributes says so: the same signature, other
     children."""
