@@ -147,23 +147,12 @@ class ScalesItsInput(nn.Module):
         return self.proj(x * 2)
 
 
-class Chain(nn.Module):
-    def __init__(self, *layers: nn.Module) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
-
-
 def test_a_structurally_checked_call_passes_its_inputs_producers_through_the_graph(replayed: list[nn.Module]) -> None:
-    model = Chain(ScalesItsInput(), ScalesItsInput(), ScalesItsInput())
-    trace = graphtrace.capture(model, {"x": torch.randn(2, 4)}, values="none")
-    assert [module for module in replayed if isinstance(module, ScalesItsInput)] == [model.layers[0]]
+    model = nn.Sequential(ScalesItsInput(), ScalesItsInput(), ScalesItsInput())
+    trace = graphtrace.capture(model, (torch.randn(2, 4),), values="none")
+    assert [module for module in replayed if isinstance(module, ScalesItsInput)] == [model[0]]
     for i in (1, 2):  # structural: the input's producer (the layer before) reaches the child through x * 2
-        assert trace.find(f"Chain.layers.{i}.proj").inputs_from == (f"Chain.layers.{i - 1}@0",)  # type: ignore[union-attr]
+        assert trace.find(f"Sequential.{i}.proj").inputs_from == (f"Sequential.{i - 1}@0",)  # type: ignore[union-attr]
 
 
 class SwitchesChildren(nn.Module):
