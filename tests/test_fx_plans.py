@@ -3,6 +3,7 @@ traces and replays, the same trace."""
 
 from __future__ import annotations
 
+import enum
 import gc
 import re
 import weakref
@@ -15,6 +16,7 @@ from torch import nn
 import graphtrace
 import graphtrace.engine.fx.dispatch as fx_dispatch
 from graphtrace.demo import demo_inputs, demo_model
+from graphtrace.engine.fx.plans import module_keys
 from graphtrace.model import Trace
 from tests.fx_equivalence import check_auto_equals_eager
 from tests.test_fx_engine import _same_state, _state
@@ -101,6 +103,29 @@ def test_a_changed_attribute_or_forward_is_traced_again(traced: list[nn.Module])
     finally:
         del model.layers[0].forward
     assert model.layers[0] in traced
+
+
+class Mode(enum.Enum):
+    A = 1
+    B = 2
+
+
+class Settings:
+    """An object a module holds (as a transformers model holds its config): keyed by identity."""
+
+
+def test_module_keys_compare_plain_attributes_by_value_and_objects_by_identity() -> None:
+    def key(value: object) -> object:
+        module = nn.Identity()
+        module.setting = value
+        return module_keys(module)[id(module)]
+
+    assert key(float("nan")) == key(float("nan")) and key(0.0) != key(-0.0)
+    assert key(Mode.A) == key(Mode.A) != key(Mode.B)
+    assert key([1, 2.5, "s"]) == key([1, 2.5, "s"]) != key((1, 2.5, "s"))
+    settings = Settings()
+    assert key(settings) == key(settings) != key(Settings())
+    assert key(None) != key(settings)
 
 
 def test_identical_instances_share_a_plan_and_a_differing_attribute_does_not(

@@ -75,15 +75,18 @@ class _Identity:
 
 
 def _value_key(value: Any) -> Hashable:
-    if type(value) in _PLAIN or isinstance(value, enum.Enum):
-        return (type(value), value)
-    if isinstance(value, (float, complex)):
-        return (type(value), repr(value))  # nan == nan, 0.0 != -0.0
-    if type(value) in (tuple, list, torch.Size):
-        return (type(value), tuple(_value_key(item) for item in value))
-    if type(value) in (set, frozenset):
-        return (type(value), frozenset(_value_key(item) for item in value))
-    if type(value) is dict:
+    # By the real type: isinstance asks an object that is not an instance for its ``__class__``, which a
+    # transformers config answers through a ``__getattribute__`` of its own, twice per config-holding module.
+    kind = type(value)
+    if kind in _PLAIN or issubclass(kind, enum.Enum):
+        return (kind, value)
+    if issubclass(kind, (float, complex)):
+        return (kind, repr(value))  # nan == nan, 0.0 != -0.0
+    if kind in (tuple, list, torch.Size):
+        return (kind, tuple(_value_key(item) for item in value))
+    if kind in (set, frozenset):
+        return (kind, frozenset(_value_key(item) for item in value))
+    if kind is dict:
         return (dict, tuple((_value_key(k), _value_key(v)) for k, v in value.items()))
     return _Identity(value)
 
@@ -112,8 +115,9 @@ def _forward_key(module: nn.Module) -> Hashable:
 
 def _own_key(module: nn.Module) -> Hashable:
     attributes, internals, plain = vars(module), _MODULE_INTERNALS, _PLAIN
-    # list comprehensions rather than generators, and plain values keyed inline (as _value_key keys them): this runs
-    # for every module at the start of every capture
+    parameters, buffers, non_persistent = module._parameters, module._buffers, module._non_persistent_buffers_set
+    # This runs for every module at the start of every capture: list comprehensions rather than generators, plain
+    # values keyed inline (as _value_key keys them), and nothing built for what a module does not have.
     return (
         type(module),
         _forward_key(module),
@@ -125,9 +129,9 @@ def _own_key(module: nn.Module) -> Hashable:
             ]
         ),
         module.training,
-        tuple([(name, _tensor_key(p)) for name, p in module._parameters.items()]),
-        tuple([(name, _tensor_key(b)) for name, b in module._buffers.items()]),
-        tuple(sorted(module._non_persistent_buffers_set)),
+        tuple([(name, _tensor_key(p)) for name, p in parameters.items()]) if parameters else (),
+        tuple([(name, _tensor_key(b)) for name, b in buffers.items()]) if buffers else (),
+        tuple(sorted(non_persistent)) if non_persistent else (),
         tuple(
             [
                 (hooks, tuple([(k, _value_key(v)) for k, v in attributes[hooks].items()]))
@@ -172,7 +176,7 @@ def module_keys(model: nn.Module, canonical: dict[Hashable, Hashable] | None = N
             own = None
         children = tuple([(name, key_of(child)) for name, child in module._modules.items() if child is not None])
         key: Hashable | None = None
-        if own is not None and all(child is not None for _, child in children):
+        if own is not None and not any([child is None for _, child in children]):
             key = _Key((own, children))
         if key is not None and canonical is not None:
             key = canonical.setdefault(key, key)  # children first: a parent's parts hold its children's canonical keys

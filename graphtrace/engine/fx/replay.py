@@ -59,6 +59,9 @@ class _Return:
         self.value = value
 
 
+_NO_SUBMODULES = nn.Module()
+
+
 class Replay(Lockstep, fx.Interpreter):
     """One call of a module, replayed from its :class:`Plan` in lockstep with the real call (see module docs): the
     shared :class:`~graphtrace.engine.fx.lockstep.Lockstep` walk, reaching each child call by computing the graph up
@@ -73,7 +76,11 @@ class Replay(Lockstep, fx.Interpreter):
         frame: Frame,
     ) -> None:
         Lockstep.__init__(self, module, plan, frame)
-        fx.Interpreter.__init__(self, module, garbage_collect_values=False, graph=plan.graph)
+        # fx.Interpreter.__init__ maps every submodule of its module (a walk of the whole model for the root's
+        # replay), a map nothing of the Interpreter's that runs here reads: it is made on an empty module, and
+        # ``fetch_attr`` (which call_module and get_attr nodes use) walks the replayed module itself.
+        fx.Interpreter.__init__(self, _NO_SUBMODULES, garbage_collect_values=False, graph=plan.graph)
+        self.module = module
         self.name = "graphtrace.Replay"
         self.recorder = recorder
         self.guard = ReplayGuard()
