@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -75,16 +75,17 @@ def _leaf_key(value: Any, kind: str) -> Hashable:
     return (type(value), value)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Signature:
     """What a graph is specialised on: the module's training flag, the arguments' structure, and per leaf the
     tensor's type, dtype, device, layout, shape, strides and ``requires_grad``, a constant's value, or an opaque
-    object's type."""
+    object's type. Plans are cached under its ``key``; the object itself is made for every module call and compared
+    by nothing, so it is a plain record (a frozen dataclass costs a ``object.__setattr__`` per field to build)."""
 
     key: Hashable
-    leaves: list[Any] = field(compare=False, hash=False)
-    structure: Structure = field(compare=False, hash=False)
-    kinds: tuple[str, ...] = field(compare=False, hash=False)
+    leaves: list[Any]
+    structure: Structure
+    kinds: tuple[str, ...]
 
 
 def signature(module: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Signature:
