@@ -15,6 +15,7 @@ from torch.fx.immutable_collections import immutable_list
 
 from graphtrace.engine.fx.containers import flatten, leaf_paths, unflatten
 from graphtrace.engine.fx.guard import Refused, ReplayGuard, TraceGuard, difference
+from graphtrace.engine.fx.lockstep import _registered_child
 from graphtrace.engine.fx.signature import signature
 from graphtrace.engine.fx.tracer import Plan, TraceContext, trace_module
 
@@ -138,6 +139,20 @@ def test_signatures_key_on_what_a_graph_is_specialised_on() -> None:
     assert signature(module, (torch.ones(1), object()), {}).kinds == ("tensor", "opaque")
 
 
+def test_a_call_with_positional_tensors_only_keys_as_its_fake_counterpart() -> None:
+    """``module(x)`` skips taking its arguments apart; a parent's trace (fake tensors, taken apart) must still find
+    the plan the real call is cached under, and no argument may be dropped or reordered."""
+    module = nn.Linear(2, 2)
+    x, y = torch.ones(3, 2), torch.ones(2, dtype=torch.float64)
+    fake_mode = FakeTensorMode()
+    for args in ((x,), (x, y), ()):
+        real = signature(module, args, {})
+        fake = signature(module, tuple(fake_mode.from_tensor(arg) for arg in args), {})
+        assert real.key == fake.key and real.structure == fake.structure and real.kinds == fake.kinds
+        assert real.leaves == list(args)
+    assert signature(module, (x, y), {}).key != signature(module, (y, x), {}).key
+
+
 class UsesShapes(nn.Module):
     """Shape unpacking and a shape test, which plain fx cannot trace."""
 
@@ -187,3 +202,35 @@ def test_tracing_refuses_what_it_cannot_replay() -> None:
     module = Remembers()
     assert _trace(module, torch.ones(2)).startswith("SideEffect: tracing the forward changes 'last' of a module")
     assert "last" not in vars(module)
+
+
+class Shadowed(nn.Module):
+    """A registered child ``a`` that attribute lookup does not reach: the class's property answers first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(1, 1)
+        self.b = nn.Linear(1, 1)
+
+    @property  # type: ignore[misc]
+    def a(self) -> nn.Module:  # noqa: F811
+        return self.b
+
+
+class LooksUpItself(nn.Module):
+    def __getattr__(self, name: str) -> object:
+        return nn.Module.__getattr__(self, "b" if name == "a" else name)
+
+
+def test_a_child_is_taken_from_its_registry_only_where_attribute_lookup_would_find_it_there() -> None:
+    """The replays resolve a graph's ``call_module`` target as ``get_submodule`` does; the shortcut answers only
+    when that is the registered child."""
+    outer = nn.Sequential(nn.Linear(1, 1))
+    assert _registered_child(outer, "0") is outer.get_submodule("0")
+    assert _registered_child(nn.Sequential(outer), "0.0") is None  # a dotted path: get_submodule walks it
+    shadowed = Shadowed()
+    assert shadowed._modules["a"] is not shadowed.get_submodule("a") and _registered_child(shadowed, "a") is None
+    custom = LooksUpItself()
+    custom.a, custom.b = nn.Linear(1, 1), nn.Linear(1, 1)
+    assert custom.get_submodule("a") is custom.b and _registered_child(custom, "a") is None
+    assert _registered_child(outer, "missing") is None

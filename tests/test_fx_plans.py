@@ -3,6 +3,7 @@ traces and replays, the same trace."""
 
 from __future__ import annotations
 
+import enum
 import gc
 import re
 import weakref
@@ -15,6 +16,7 @@ from torch import nn
 import graphtrace
 import graphtrace.engine.fx.dispatch as fx_dispatch
 from graphtrace.demo import demo_inputs, demo_model
+from graphtrace.engine.fx.plans import module_keys
 from graphtrace.model import Trace
 from tests.fx_equivalence import check_auto_equals_eager
 from tests.test_fx_engine import _same_state, _state
@@ -103,6 +105,29 @@ def test_a_changed_attribute_or_forward_is_traced_again(traced: list[nn.Module])
     assert model.layers[0] in traced
 
 
+class Mode(enum.Enum):
+    A = 1
+    B = 2
+
+
+class Settings:
+    """An object a module holds (as a transformers model holds its config): keyed by identity."""
+
+
+def test_module_keys_compare_plain_attributes_by_value_and_objects_by_identity() -> None:
+    def key(value: object) -> object:
+        module = nn.Identity()
+        module.setting = value
+        return module_keys(module)[id(module)]
+
+    assert key(float("nan")) == key(float("nan")) and key(0.0) != key(-0.0)
+    assert key(Mode.A) == key(Mode.A) != key(Mode.B)
+    assert key([1, 2.5, "s"]) == key([1, 2.5, "s"]) != key((1, 2.5, "s"))
+    settings = Settings()
+    assert key(settings) == key(settings) != key(Settings())
+    assert key(None) != key(settings)
+
+
 def test_identical_instances_share_a_plan_and_a_differing_attribute_does_not(
     traced: list[nn.Module], replayed: list[nn.Module]
 ) -> None:
@@ -134,6 +159,25 @@ def test_structurally_checked_layers_get_the_data_flow_of_the_verified_one(repla
     assert inside(1) == inside(2) == inside(3) == inside(0)
     down = trace.find("DemoTransformer.layers.2.mlp.down_proj")
     assert set(down.inputs_from) == {"DemoTransformer.layers.2.mlp.act@0", "DemoTransformer.layers.2.mlp.up_proj@0"}
+
+
+class ScalesItsInput(nn.Module):
+    """Its child reads the input through an operation: only the graph knows where the child's input comes from."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x * 2)
+
+
+def test_a_structurally_checked_call_passes_its_inputs_producers_through_the_graph(replayed: list[nn.Module]) -> None:
+    model = nn.Sequential(ScalesItsInput(), ScalesItsInput(), ScalesItsInput())
+    trace = graphtrace.capture(model, (torch.randn(2, 4),), values="none")
+    assert [module for module in replayed if isinstance(module, ScalesItsInput)] == [model[0]]
+    for i in (1, 2):  # structural: the input's producer (the layer before) reaches the child through x * 2
+        assert trace.find(f"Sequential.{i}.proj").inputs_from == (f"Sequential.{i - 1}@0",)  # type: ignore[union-attr]
 
 
 class SwitchesChildren(nn.Module):

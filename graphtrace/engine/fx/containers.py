@@ -95,27 +95,37 @@ def flatten(value: Any, leaves: list[Any] | None = None) -> tuple[list[Any], Str
     """``(leaves, structure)`` of ``value``; :func:`unflatten` puts the leaves back."""
     if leaves is None:
         leaves = []
+    return leaves, _flatten_into(value, leaves)
+
+
+def _flatten_into(value: Any, leaves: list[Any]) -> Structure:
+    """The structure of ``value``, its leaves appended to ``leaves``. Runs for every argument and output of every
+    module call: a leaf item of a container is settled inline, without a call of its own."""
     if type(value) in _LEAF_TYPES:
         leaves.append(value)
-        return leaves, _LEAF
+        return _LEAF
     kind: type = _PLAIN.get(type(value), type(value))  # type: ignore[call-overload]
     if kind is tuple or kind is list:
-        children = tuple([flatten(item, leaves)[1] for item in value])  # a list comprehension: no generator frame
-        return leaves, _structure(kind, (), children)
+        return _structure(kind, (), _children(value, leaves))
     if isinstance(value, tuple) and hasattr(kind, "_fields"):  # a named tuple
-        children = tuple(flatten(item, leaves)[1] for item in value)
-        return leaves, _structure(kind, (), children)
+        return _structure(kind, (), _children(value, leaves))
     if isinstance(value, dict) and (kind is dict or kind is OrderedDict or _is_dataclass_instance(value)):
         keys = tuple(value.keys())
-        children = tuple([flatten(value[key], leaves)[1] for key in keys])
-        return leaves, _structure(kind, keys, children)
+        return _structure(kind, keys, _children([value[key] for key in keys], leaves))
     if _is_dataclass_instance(value) and not isinstance(value, dict):
         names = _init_fields(value)
         if names is not None:
-            children = tuple(flatten(getattr(value, name), leaves)[1] for name in names)
-            return leaves, _structure(kind, names, children)
+            return _structure(kind, names, _children([getattr(value, name) for name in names], leaves))
     leaves.append(value)
-    return leaves, _LEAF
+    return _LEAF
+
+
+def _children(items: Any, leaves: list[Any]) -> tuple[Structure, ...]:
+    """The structures of ``items``, in order (a leaf's is settled by one set lookup; ``append`` returns None)."""
+    leaf_types, append = _LEAF_TYPES, leaves.append
+    return tuple(
+        [_LEAF if type(item) in leaf_types and append(item) is None else _flatten_into(item, leaves) for item in items]
+    )
 
 
 def unflatten(leaves: list[Any], structure: Structure) -> Any:

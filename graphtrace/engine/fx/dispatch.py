@@ -114,11 +114,15 @@ class FxEngine:
 
     def _plan(self, module: nn.Module, call: Signature) -> Plan | str:
         module_key = self._cache_key(module)
-        failure = self._failed.get((module_key, call.key))
-        if failure is not None:
-            return failure
+        if self._failed:
+            failure = self._failed.get((module_key, call.key))
+            if failure is not None:
+                return failure
         shared = self._keys.get(id(module)) is not None
-        plans = (self._store.plans if shared else self._local).setdefault(module_key, {})
+        kept = self._store.plans if shared else self._local
+        plans = kept.get(module_key)
+        if plans is None:
+            plans = kept[module_key] = {}
         plan = plans.get(call.key)
         if plan is None:
             forward = self._forwards.get(id(module))
@@ -153,7 +157,11 @@ class FxEngine:
         if isinstance(plan, str):
             self.fallbacks.setdefault(path, plan)
             return None, call.key
-        inputs = [leaf for leaf, kind in zip(call.leaves, call.kinds) if kind != CONSTANT]
+        inputs = (
+            [leaf for leaf, kind in zip(call.leaves, call.kinds) if kind != CONSTANT]
+            if CONSTANT in call.kinds
+            else call.leaves
+        )
         if id(plan) in self._verified or (frame.leaf and id(plan) in self._store.proven_leaves):
             return StructuralReplay(module, plan, inputs, self.recorder, frame), call.key
         return Replay(module, plan, inputs, self.recorder, frame), call.key

@@ -102,8 +102,12 @@ class Lockstep:
         return default if output is _NOTHING else output
 
     def _child_module(self, node: fx.Node) -> nn.Module | None:
+        target = str(node.target)
+        child = _registered_child(self.module, target)
+        if child is not None:
+            return child
         try:
-            return self.module.get_submodule(str(node.target))
+            return self.module.get_submodule(target)
         except AttributeError:
             return None
 
@@ -142,6 +146,27 @@ class Lockstep:
 
 
 _NOTHING: Any = object()
+_MODULE_GETATTR = nn.Module.__getattr__
+_OBJECT_GETATTRIBUTE = object.__getattribute__
+
+
+def _registered_child(module: nn.Module, target: str) -> nn.Module | None:
+    """What ``module.get_submodule(target)`` returns, when that is plainly the registered child (None when it may
+    not be: a dotted path, a name shadowed by an attribute, parameter, buffer or class attribute, or attribute
+    lookup of its own). ``get_submodule`` asks ``hasattr`` and then ``getattr``, each failing the normal lookup
+    before ``nn.Module.__getattr__`` finds the child: several microseconds per child call."""
+    child = module._modules.get(target)
+    if (
+        not isinstance(child, nn.Module)
+        or type(module).__getattr__ is not _MODULE_GETATTR
+        or type(module).__getattribute__ is not _OBJECT_GETATTRIBUTE
+        or target in module.__dict__
+        or target in module._parameters
+        or target in module._buffers
+        or hasattr(type(module), target)
+    ):
+        return None
+    return child
 
 
 def add_flows(frame: Frame, flows: Iterable[tuple[int, tuple[str, ...]]]) -> None:

@@ -43,7 +43,7 @@ PLANS_PER_MODULE = 8
 """Plans kept per module key, oldest dropped first: a plan holds the constants its trace created (a causal mask of
 the sequence's length), and shape-specialised plans of a growing sequence are never needed again."""
 
-_PLAIN = (type(None), bool, int, str, bytes, torch.dtype, torch.device, torch.layout, torch.memory_format)
+_PLAIN = frozenset({type(None), bool, int, str, bytes, torch.dtype, torch.device, torch.layout, torch.memory_format})
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))
 _HOOKS = tuple(sorted(name for name in _MODULE_INTERNALS if "hook" in name and name != "_is_full_backward_hook"))
 
@@ -75,15 +75,18 @@ class _Identity:
 
 
 def _value_key(value: Any) -> Hashable:
-    if type(value) in _PLAIN or isinstance(value, enum.Enum):
-        return (type(value), value)
-    if isinstance(value, (float, complex)):
-        return (type(value), repr(value))  # nan == nan, 0.0 != -0.0
-    if type(value) in (tuple, list, torch.Size):
-        return (type(value), tuple(_value_key(item) for item in value))
-    if type(value) in (set, frozenset):
-        return (type(value), frozenset(_value_key(item) for item in value))
-    if type(value) is dict:
+    # By the real type: isinstance asks an object that is not an instance for its ``__class__``, which a
+    # transformers config answers through a ``__getattribute__`` of its own, twice per config-holding module.
+    kind = type(value)
+    if kind in _PLAIN or issubclass(kind, enum.Enum):
+        return (kind, value)
+    if issubclass(kind, (float, complex)):
+        return (kind, repr(value))  # nan == nan, 0.0 != -0.0
+    if kind in (tuple, list, torch.Size):
+        return (kind, tuple(_value_key(item) for item in value))
+    if kind in (set, frozenset):
+        return (kind, frozenset(_value_key(item) for item in value))
+    if kind is dict:
         return (dict, tuple((_value_key(k), _value_key(v)) for k, v in value.items()))
     return _Identity(value)
 
@@ -111,16 +114,24 @@ def _forward_key(module: nn.Module) -> Hashable:
 
 
 def _own_key(module: nn.Module) -> Hashable:
-    attributes = vars(module)
-    # list comprehensions rather than generators: this runs for every module at the start of every capture
+    attributes, internals, plain = vars(module), _MODULE_INTERNALS, _PLAIN
+    parameters, buffers, non_persistent = module._parameters, module._buffers, module._non_persistent_buffers_set
+    # This runs for every module at the start of every capture: list comprehensions rather than generators, plain
+    # values keyed inline (as _value_key keys them), and nothing built for what a module does not have.
     return (
         type(module),
         _forward_key(module),
-        tuple([(name, _value_key(value)) for name, value in attributes.items() if name not in _MODULE_INTERNALS]),
+        tuple(
+            [
+                (name, (type(value), value) if type(value) in plain else _value_key(value))
+                for name, value in attributes.items()
+                if name not in internals
+            ]
+        ),
         module.training,
-        tuple([(name, _tensor_key(p)) for name, p in module._parameters.items()]),
-        tuple([(name, _tensor_key(b)) for name, b in module._buffers.items()]),
-        tuple(sorted(module._non_persistent_buffers_set)),
+        tuple([(name, _tensor_key(p)) for name, p in parameters.items()]) if parameters else (),
+        tuple([(name, _tensor_key(b)) for name, b in buffers.items()]) if buffers else (),
+        tuple(sorted(non_persistent)) if non_persistent else (),
         tuple(
             [
                 (hooks, tuple([(k, _value_key(v)) for k, v in attributes[hooks].items()]))
@@ -165,7 +176,7 @@ def module_keys(model: nn.Module, canonical: dict[Hashable, Hashable] | None = N
             own = None
         children = tuple([(name, key_of(child)) for name, child in module._modules.items() if child is not None])
         key: Hashable | None = None
-        if own is not None and all(child is not None for _, child in children):
+        if own is not None and not any([child is None for _, child in children]):
             key = _Key((own, children))
         if key is not None and canonical is not None:
             key = canonical.setdefault(key, key)  # children first: a parent's parts hold its children's canonical keys

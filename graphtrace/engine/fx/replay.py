@@ -23,21 +23,14 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from graphtrace.engine.fx.containers import flatten, unflatten
+from graphtrace.engine.fx.containers import unflatten
 from graphtrace.engine.fx.guard import Refused, ReplayGuard, difference, tensors_in
 from graphtrace.engine.fx.lockstep import END, Lockstep
-from graphtrace.engine.fx.tracer import (
-    META,
-    STRUCTURAL_OPS,
-    UNKNOWN,
-    Opaque,
-    Plan,
-    impurity,
-)
+from graphtrace.engine.fx.tracer import STRUCTURAL_OPS, Plan, impurity
 from graphtrace.engine.recorder import Frame, Recorder
 from graphtrace.errors import describe_error
 
-__all__ = ["Replay", "nonconforming"]
+__all__ = ["Replay"]
 
 
 def _unique(ids: Iterable[str]) -> tuple[str, ...]:
@@ -66,6 +59,9 @@ class _Return:
         self.value = value
 
 
+_NO_SUBMODULES = nn.Module()
+
+
 class Replay(Lockstep, fx.Interpreter):
     """One call of a module, replayed from its :class:`Plan` in lockstep with the real call (see module docs): the
     shared :class:`~graphtrace.engine.fx.lockstep.Lockstep` walk, reaching each child call by computing the graph up
@@ -80,7 +76,11 @@ class Replay(Lockstep, fx.Interpreter):
         frame: Frame,
     ) -> None:
         Lockstep.__init__(self, module, plan, frame)
-        fx.Interpreter.__init__(self, module, garbage_collect_values=False, graph=plan.graph)
+        # fx.Interpreter.__init__ maps every submodule of its module (a walk of the whole model for the root's
+        # replay), a map nothing of the Interpreter's that runs here reads: it is made on an empty module, and
+        # ``fetch_attr`` (which call_module and get_attr nodes use) walks the replayed module itself.
+        fx.Interpreter.__init__(self, _NO_SUBMODULES, garbage_collect_values=False, graph=plan.graph)
+        self.module = module
         self.name = "graphtrace.Replay"
         self.recorder = recorder
         self.guard = ReplayGuard()
@@ -179,7 +179,7 @@ class Replay(Lockstep, fx.Interpreter):
             elif op == "call_module":
                 args, kwargs = self.fetch_args_kwargs_from_env(node)
                 value = yield _Call(node, self.fetch_attr(node.target), args, kwargs)
-                found = nonconforming(node.meta.get(META, UNKNOWN), value)
+                found = self.plan.returns[node].nonconforming(value)
                 if found is not None:
                     raise Mismatch(f"{node.target} returned {found} than the graph was traced with")
             elif op == "output":
@@ -215,28 +215,3 @@ def _reads_from(node: fx.Node, external: set[fx.Node]) -> bool:
         and isinstance(node.args[0], fx.Node)
         and (node.args[0] in external)
     )
-
-
-def nonconforming(expected: Any, actual: Any) -> str | None:
-    """How a child's real output differs from the trace-time value the graph was built on (its structure, its
-    constants, its tensors' shapes and dtypes), or None."""
-    if expected is UNKNOWN:
-        return None
-    expected_leaves, expected_structure = flatten(expected)
-    actual_leaves, actual_structure = flatten(actual)
-    if expected_structure != actual_structure:
-        return "another structure"
-    for want, got in zip(expected_leaves, actual_leaves):
-        if isinstance(want, torch.Tensor):
-            if not isinstance(got, torch.Tensor) or (want.shape, want.dtype, want.device) != (
-                got.shape,
-                got.dtype,
-                got.device,
-            ):
-                return "another tensor"
-        elif isinstance(want, Opaque):
-            if type(got) is not type(want.value):
-                return "another object"
-        elif difference(want, got) is not None:
-            return f"another constant ({got!r}, traced with {want!r})"
-    return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -75,23 +75,40 @@ def _leaf_key(value: Any, kind: str) -> Hashable:
     return (type(value), value)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Signature:
     """What a graph is specialised on: the module's training flag, the arguments' structure, and per leaf the
     tensor's type, dtype, device, layout, shape, strides and ``requires_grad``, a constant's value, or an opaque
-    object's type."""
+    object's type. Plans are cached under its ``key``; the object itself is made for every module call and compared
+    by nothing, so it is a plain record (a frozen dataclass costs a ``object.__setattr__`` per field to build)."""
 
     key: Hashable
-    leaves: list[Any] = field(compare=False, hash=False)
-    structure: Structure = field(compare=False, hash=False)
-    kinds: tuple[str, ...] = field(compare=False, hash=False)
+    leaves: list[Any]
+    structure: Structure
+    kinds: tuple[str, ...]
 
 
 def signature(module: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Signature:
-    leaves, structure = flatten((tuple(args), dict(kwargs)))
-    kinds = tuple([leaf_kind(leaf) for leaf in leaves])
+    if not kwargs and all([type(arg) is torch.Tensor for arg in args]):  # module(x): nothing to take apart
+        leaves = list(args)
+        structure = _positional_tensors(len(leaves))
+        kinds: tuple[str, ...] = (TENSOR,) * len(leaves)
+    else:
+        leaves, structure = flatten((tuple(args), dict(kwargs)))
+        kinds = tuple([leaf_kind(leaf) for leaf in leaves])
     key = (module.training, structure, tuple([_leaf_key(leaf, kind) for leaf, kind in zip(leaves, kinds)]))
     return Signature(key, leaves, structure, kinds)
+
+
+_POSITIONAL: dict[int, Structure] = {}
+
+
+def _positional_tensors(count: int) -> Structure:
+    """The structure :func:`flatten` gives the arguments of a call with ``count`` positional leaves and no keyword."""
+    structure = _POSITIONAL.get(count)
+    if structure is None:
+        structure = _POSITIONAL[count] = flatten(((None,) * count, {}))[1]
+    return structure
 
 
 def is_constant(value: Any) -> bool:

@@ -16,16 +16,17 @@ depends on tensor data (``if mask.all()``) fails the trace itself. Values never 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 from graphtrace.engine.fx.containers import flatten
 from graphtrace.engine.fx.graph_flow import CALL
 from graphtrace.engine.fx.guard import tensors_in
 from graphtrace.engine.fx.lockstep import END, Lockstep
-from graphtrace.engine.fx.replay import nonconforming
-from graphtrace.engine.fx.tracer import META, UNKNOWN, Plan
+from graphtrace.engine.fx.tracer import UNKNOWN, Plan
 from graphtrace.engine.recorder import Frame, Recorder
 
 __all__ = ["StructuralReplay"]
@@ -50,7 +51,7 @@ class StructuralReplay(Lockstep):
         if output is not _NOTHING:  # the child call that just returned: its output as the graph was traced with?
             node = calls[self._next].node
             self._next += 1
-            found = nonconforming(node.meta.get(META, UNKNOWN), output)
+            found = self.plan.returns[node].nonconforming(output)
             if found is not None:
                 self._fail(f"Mismatch: {node.target} returned {found} than the graph was traced with")
                 return None
@@ -58,15 +59,17 @@ class StructuralReplay(Lockstep):
 
     def _flow_into(self, node: Any) -> tuple[str, ...]:
         if self._producers is None:  # as the numeric replay, which reads its inputs' producers when it first runs
-            self._producers = [
-                tuple(dict.fromkeys(p for t in tensors_in(value) if (p := self._recorder.producer_of(t)) is not None))
-                for value in self._inputs
-            ]
+            producer_of = self._recorder.producer_of
+            self._producers = [_producers(value, producer_of) for value in self._inputs]
         producers, child_ids = self._producers, self._child_ids
+        sources = self.plan.calls[self._next].sources
+        if len(sources) == 1:  # one input or one earlier call feeds the child: already free of repeats
+            kind, index = sources[0]
+            return (child_ids[index],) if kind == CALL else producers[index]
         return tuple(
             dict.fromkeys(
                 source
-                for kind, index in self.plan.calls[self._next].sources
+                for kind, index in sources
                 for source in ((child_ids[index],) if kind == CALL else producers[index])
             )
         )
@@ -75,10 +78,18 @@ class StructuralReplay(Lockstep):
         self._child_ids.append(frame.id)
 
     def _output_difference(self, output: Any) -> str | None:
-        found = nonconforming(self.plan.output_meta, output)
+        found = self.plan.output_expectation.nonconforming(output)
         if found is None and self.plan.output_meta is UNKNOWN and flatten(output)[1] != self.plan.output:
             found = "another structure"
         return None if found is None else f"{found} than the graph was traced with"
 
 
 _NOTHING = object()
+
+
+def _producers(value: Any, producer_of: Callable[[torch.Tensor], str | None]) -> tuple[str, ...]:
+    """The ids of the calls that produced the tensors in ``value``, each once, in order."""
+    if type(value) is torch.Tensor:  # the common input, without walking containers
+        producer = producer_of(value)
+        return () if producer is None else (producer,)
+    return tuple(dict.fromkeys(p for t in tensors_in(value) if (p := producer_of(t)) is not None))

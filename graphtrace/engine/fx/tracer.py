@@ -43,6 +43,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from graphtrace.engine.fx.containers import Structure, flatten, leaf_paths, unflatten
 from graphtrace.engine.fx.effects import EffectWatch, SideEffectAbort
+from graphtrace.engine.fx.expectation import UNKNOWN, Expectation, Opaque
 from graphtrace.engine.fx.graph_flow import ChildCall, child_calls
 from graphtrace.engine.fx.guard import TraceGuard, dispatches_itself
 from graphtrace.engine.fx.signature import CONSTANT, TENSOR, Signature, is_constant, leaf_kind
@@ -101,24 +102,6 @@ METADATA_FUNCTIONS = frozenset({torch.is_floating_point, torch.is_complex, torch
 _PURE_MODULES = frozenset({"torch", "operator", "_operator", "math"})
 
 
-class Opaque:
-    """The trace-time stand-in for an argument graphtrace does not look into (a cache object): children learn its
-    type, nothing reads it."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
-class _Unknown:
-    def __repr__(self) -> str:
-        return "<unknown>"
-
-
-UNKNOWN = _Unknown()
-
-
 @dataclass(frozen=True, slots=True)
 class Plan:
     """A module's graph for one signature: placeholders in the order of the call's non-constant leaves, tensor
@@ -133,6 +116,9 @@ class Plan:
     last_uses: Mapping[fx.Node, tuple[fx.Node, ...]]
     own_ops: int
     calls: tuple[ChildCall, ...]
+    returns: Mapping[fx.Node, Expectation]
+    """Per ``call_module`` node, what the child's real output must look like (its trace-time value, taken apart)."""
+    output_expectation: Expectation
 
 
 @dataclass(frozen=True, slots=True)
@@ -566,6 +552,15 @@ def _trace(module: nn.Module, forward: Callable[..., Any], call: Signature, cont
     own_ops = sum(
         1 for node in graph.nodes if node.op in ("call_function", "call_method") and node.target not in STRUCTURAL_OPS
     )
+    returns = {node: Expectation(node.meta.get(META, UNKNOWN)) for node in graph.nodes if node.op == "call_module"}
     return Plan(
-        graph, tracer.constants, tracer.output, tracer.output_meta, _last_uses(graph), own_ops, child_calls(graph)
+        graph,
+        tracer.constants,
+        tracer.output,
+        tracer.output_meta,
+        _last_uses(graph),
+        own_ops,
+        child_calls(graph),
+        returns,
+        Expectation(tracer.output_meta),
     )
