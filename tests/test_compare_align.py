@@ -3,6 +3,7 @@ module names and the same weights, matched by rename rules and by structure; ren
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -253,3 +254,18 @@ def test_a_departing_part_does_not_hide_the_layout_of_the_others() -> None:
     layout = part_columns(fused, [q, k, v + 0.5], rtol=1.3e-6, atol=1e-5)
     assert layout.groups == 4
     assert torch.equal(fused.index_select(-1, layout.columns[0]), q)
+
+
+@pytest.mark.parametrize("rows", [1, 6])
+def test_parts_are_found_in_one_row_with_non_finite_values_and_in_another_order(rows: int) -> None:
+    """A decode step of generate() has one row; a model hunting a NaN carries it in both traces; a port may run
+    v before q."""
+    torch.manual_seed(2)
+    q, k, v = torch.randn(1, rows, 16), torch.randn(1, rows, 8), torch.randn(1, rows, 8)
+    q[0, 0, 3], v[0, 0, 1] = math.nan, -math.inf
+    fused = _fused_per_group([q, k, v], 4)
+    layout = part_columns(fused, [v, k, q], rtol=1.3e-6, atol=1e-5)  # in the order the port ran them
+    assert layout.groups == 4
+    for part, columns in zip((v, k, q), layout.columns):
+        assert torch.equal(fused.index_select(-1, columns).nan_to_num(), part.nan_to_num())
+    assert layout.where(2) == "[..., 0:4 of each of 4 head groups]"

@@ -110,3 +110,16 @@ def test_a_lean_far_below_the_element_tolerance_is_a_departure_and_rounding_is_n
     # within what that scatter allows
     scatter = (torch.rand(a.shape, generator=torch.Generator().manual_seed(2)) - 0.5) * 1.6e-5
     assert _by_values(a, a + scatter) == "equal"
+
+
+def test_a_partial_rotary_layout_is_an_equivalence_even_in_one_row() -> None:
+    """GPT-NeoX rotates the first quarter of each head's channels: a port's interleaved pairs there are the same
+    values in another order, which one row (a decode step) proves by the candidate layouts alone."""
+    a = torch.randn(1, 1, 64, generator=torch.Generator().manual_seed(3))
+    heads = a.reshape(4, 16)
+    turned = heads[:, :4].reshape(4, 2, 2).transpose(-1, -2).reshape(4, 4)  # half-split pairs -> adjacent pairs
+    b = torch.cat([turned, heads[:, 4:]], dim=-1).reshape(1, 1, 64)
+    record = TensorRecord(shape=(1, 1, 64), dtype="torch.float32", stats=Stats(0.0, 1.0, -1.0, 1.0))
+    found = measure("outputs", record, "outputs", record, Tolerance(), (a, b))
+    assert found.status == "equal"
+    assert "the first 4 of each head of 16" in found.equivalence

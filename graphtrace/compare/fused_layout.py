@@ -13,11 +13,15 @@ Tensor methods only (no torch import), like :mod:`graphtrace.compare.measure`.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["PartColumns", "part_columns"]
+
+_MAX_REORDERED_PARTS = 4
+"""Up to this many parts (q, k, v; gate and up), every order of them is tried: 24 orders at most."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,12 +31,13 @@ class PartColumns:
     groups: int
     columns: tuple[Any, ...]  # one index tensor per part
 
-    def where(self, part: int, width: int, offset: int) -> str:
+    def where(self, part: int) -> str:
         """The part's place in words, for the report: ``[..., 64:128]`` or a per-group slice."""
+        columns = self.columns[part]
+        chunk = int(columns.numel()) // self.groups
+        start = int(columns[0].item())
         if self.groups == 1:
-            return f"[..., {offset}:{offset + width}]"
-        chunk = width // self.groups
-        start = offset // self.groups
+            return f"[..., {start}:{start + chunk}]"
         return f"[..., {start}:{start + chunk} of each of {self.groups} head groups]"
 
 
@@ -57,8 +62,15 @@ def _signatures(values: Any, rows: int) -> Any:
     return direction @ values
 
 
+def _finite(values: Any, scale: float) -> Any:
+    """``values`` with NaN and infinities as distinct finite stand-ins beyond ``scale`` (both traces alike), so that
+    a column holding the same NaN or inf in both still has the same signature."""
+    return values.nan_to_num(nan=3.0 * scale, posinf=5.0 * scale, neginf=-5.0 * scale)
+
+
 def part_columns(fused: Any, parts: Sequence[Any], rtol: float, atol: float) -> PartColumns:
-    """The columns of ``fused`` (a tensor whose last dimension holds the parts) that hold each of ``parts``."""
+    """The columns of ``fused`` (a tensor whose last dimension holds the parts) that hold each of ``parts``: the
+    grouping and the order of the parts (a port may compute v before q) under which most parts agree."""
     widths = [int(part.shape[-1]) for part in parts]
     total = int(fused.shape[-1])
     rows = fused.numel() // max(total, 1)
@@ -66,30 +78,38 @@ def part_columns(fused: Any, parts: Sequence[Any], rtol: float, atol: float) -> 
     if (
         len(parts) < 2
         or sum(widths) != total
-        or rows < 2
+        or rows < 1
         or any(part.numel() != rows * w for part, w in zip(parts, widths))
     ):
         return side_by_side
     whole = fused.detach().reshape(rows, total).double()
-    if not bool(whole.isfinite().all().item()):
-        return side_by_side
+    finite = whole.isfinite()
+    scale = float(whole.masked_fill(~finite, 0.0).abs().max().item()) + 1.0
+    whole = _finite(whole, scale)
     fused_keys = _signatures(whole, rows)
     allowed = _signatures(atol + rtol * whole.abs(), rows)
     part_keys = [
-        _signatures(part.detach().reshape(rows, w).double(), rows).sort().values for part, w in zip(parts, widths)
+        _signatures(_finite(part.detach().reshape(rows, w).double(), scale), rows).sort().values
+        for part, w in zip(parts, widths)
     ]
+    orders = list(itertools.permutations(range(len(parts)))) if len(parts) <= _MAX_REORDERED_PARTS else []
+    orders = orders or [tuple(range(len(parts)))]
     best, best_agreeing = side_by_side, -1
     for groups in range(1, min(widths) + 1):
         if any(width % groups for width in widths):
             continue
-        columns = _columns(widths, groups, whole)
-        agreeing = 0
-        for keys, chosen in zip(part_keys, columns):
-            order = fused_keys[chosen].sort()
-            if bool(((order.values - keys).abs() <= allowed[chosen][order.indices]).all().item()):
-                agreeing += 1
-        if agreeing > best_agreeing:
-            best, best_agreeing = PartColumns(groups, columns), agreeing
-        if agreeing == len(parts):
-            break
+        for order in orders:  # the identity first: on a tie, the parts in the order they ran
+            placed = _columns([widths[k] for k in order], groups, whole)
+            columns = [placed[0]] * len(parts)
+            for position, k in enumerate(order):
+                columns[k] = placed[position]
+            agreeing = 0
+            for keys, chosen in zip(part_keys, columns):
+                ordered = fused_keys[chosen].sort()
+                if bool(((ordered.values - keys).abs() <= allowed[chosen][ordered.indices]).all().item()):
+                    agreeing += 1
+            if agreeing > best_agreeing:
+                best, best_agreeing = PartColumns(groups, tuple(columns)), agreeing
+            if agreeing == len(parts):
+                return best
     return best

@@ -388,10 +388,15 @@ def _shift(fa: Any, fb: Any, rtol: float, atol: float, epsilon: float) -> float:
     return ratio
 
 
+_ROTARY_FRACTIONS = ((1, 4), (2, 5), (1, 2), (3, 4))
+"""Partial rotary embeddings rotate this fraction of each head's channels (GPT-NeoX and GPT-J a quarter, Phi-2 two
+fifths, ChatGLM half) and pass the rest through unchanged."""
+
+
 def _last_dim_permutations(shape: tuple[int, ...]) -> list[tuple[str, Any]]:
     """Candidate re-orderings of the last dimension that a port may legitimately use, as (description, function
     from a tensor of ``shape`` to A's layout): the per-head interleaved <-> half-split rotary layouts, for every even
-    head size that divides the last dimension."""
+    head size that divides the last dimension, of all of a head's channels or of its rotated part (partial rotary)."""
     if not shape or shape[-1] < 4:
         return []
     width = shape[-1]
@@ -400,16 +405,36 @@ def _last_dim_permutations(shape: tuple[int, ...]) -> list[tuple[str, Any]]:
         if width % head:
             continue
         heads = width // head
+        rotated = [head] + [head * n // d for n, d in _ROTARY_FRACTIONS if head * n % d == 0 and head * n // d % 2 == 0]
+        for turned in dict.fromkeys(part for part in rotated if part >= 2):
 
-        def to_half(t: Any, heads: int = heads, head: int = head) -> Any:
-            return t.reshape(*t.shape[:-1], heads, head // 2, 2).transpose(-1, -2).reshape(t.shape)
+            def to_half(t: Any, heads: int = heads, head: int = head, turned: int = turned) -> Any:
+                split = t.reshape(*t.shape[:-1], heads, head)
+                front = split[..., :turned].reshape(*split.shape[:-1], turned // 2, 2).transpose(-1, -2)
+                return (
+                    split.clone()
+                    .index_copy_(-1, _first(split, turned), front.reshape(*split.shape[:-1], turned))
+                    .reshape(t.shape)
+                )
 
-        def to_interleaved(t: Any, heads: int = heads, head: int = head) -> Any:
-            return t.reshape(*t.shape[:-1], heads, 2, head // 2).transpose(-1, -2).reshape(t.shape)
+            def to_interleaved(t: Any, heads: int = heads, head: int = head, turned: int = turned) -> Any:
+                split = t.reshape(*t.shape[:-1], heads, head)
+                front = split[..., :turned].reshape(*split.shape[:-1], 2, turned // 2).transpose(-1, -2)
+                return (
+                    split.clone()
+                    .index_copy_(-1, _first(split, turned), front.reshape(*split.shape[:-1], turned))
+                    .reshape(t.shape)
+                )
 
-        candidates.append((f"per-head interleaved->half-split layout (head size {head})", to_half))
-        candidates.append((f"per-head half-split->interleaved layout (head size {head})", to_interleaved))
+            of = f"head size {head}" if turned == head else f"the first {turned} of each head of {head}"
+            candidates.append((f"per-head interleaved->half-split layout ({of})", to_half))
+            candidates.append((f"per-head half-split->interleaved layout ({of})", to_interleaved))
     return candidates
+
+
+def _first(like: Any, count: int) -> Any:
+    """The indices 0..count-1 as an integer tensor made from ``like``."""
+    return like.new_zeros(0).long().new_tensor(range(count))
 
 
 def _general_permutation(ta: Any, tb: Any, rtol: float, atol: float) -> Any | None:

@@ -213,7 +213,7 @@ def diff_fused(step: int, fused: FusedMatch, tolerance: Tolerance, stored: Store
         a, b = (fused.fused, part) if fused.fused_in_a else (part, fused.fused)
         in_pairs, in_a, in_b = _pair(a.input_tensors(), b.input_tensors(), any_shape=False)
         width = part_out.shape[-1]
-        where = f"[..., {offset}:{offset + width}]" if layout is None else layout.where(k, width, offset)
+        where = f"[..., {offset}:{offset + width}]" if layout is None else layout.where(k)
         if values is not None and layout is not None:
             whole, own = values[0], values[1][k]
             sliced = whole.index_select(-1, layout.columns[k]).reshape(own.shape)
