@@ -173,3 +173,42 @@ def test_lines_whose_formatting_failed_are_formatted_when_read_again(monkeypatch
         with pytest.raises(KeyboardInterrupt):
             sink.finish()
     assert tuple(stored) == _torchs(t)
+
+
+def test_lines_left_unfilled_by_an_interrupt_or_added_meanwhile_are_formatted_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An interrupt between two lines being filled, or a value stored while a read formats the batch (another thread),
+    must never leave a value that reads as no lines."""
+    from graphtrace.io import repr_batch
+
+    batch = repr_batch.ReprBatch()
+    tensors = [torch.linspace(-1.0, 1.0, 5) + i for i in range(3)]
+    pending = [batch.add(printed_values(t)) for t in tensors]
+    fill = repr_batch.PendingLines._fill
+    filled: list[object] = []
+
+    def interrupted_after_one(self: repr_batch.PendingLines, lines: tuple[str, ...]) -> None:
+        if filled:
+            raise KeyboardInterrupt
+        filled.append(self)
+        fill(self, lines)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(repr_batch.PendingLines, "_fill", interrupted_after_one)
+        with pytest.raises(KeyboardInterrupt):
+            batch.format()
+    assert [tuple(lines) for lines in pending] == [_torchs(t) for t in tensors]
+
+    late: list[repr_batch.PendingLines] = []
+    formatted = repr_batch.lines_of_all
+
+    def while_formatting(items: list[object]) -> list[tuple[str, ...]]:
+        late.append(batch.add(printed_values(tensors[0])))
+        return formatted(items)  # type: ignore[arg-type]
+
+    first = batch.add(printed_values(tensors[1]))
+    with monkeypatch.context() as patch:
+        patch.setattr(repr_batch, "lines_of_all", while_formatting)
+        assert tuple(first) == _torchs(tensors[1])
+    assert tuple(late[0]) == _torchs(tensors[0])

@@ -151,13 +151,19 @@ class ReprBatch:
         return pending
 
     def format(self) -> None:
-        """Format every value waiting (the snapshots are released). If formatting fails, they stay waiting."""
-        waiting = self._waiting
-        if waiting:
-            formatted = lines_of_all([pending._printed for pending in waiting])
-            self._waiting = []
-            for pending, lines in zip(waiting, formatted):
-                pending._fill(lines)
+        """Format every value waiting (the snapshots are released). Whatever is not filled when formatting fails or
+        is interrupted stays waiting, and a value added meanwhile waits for the next call."""
+        waiting, self._waiting = self._waiting, []
+        filled = 0
+        try:
+            if waiting:
+                formatted = lines_of_all([pending._printed for pending in waiting])
+                for pending, lines in zip(waiting, formatted):
+                    pending._fill(lines)
+                    filled += 1
+        finally:
+            if filled < len(waiting):
+                self._waiting = waiting[filled:] + self._waiting
 
 
 class PendingLines(Sequence[str]):
@@ -176,8 +182,11 @@ class PendingLines(Sequence[str]):
 
     @property
     def lines(self) -> tuple[str, ...]:
-        if self._batch is not None:
-            self._batch.format()
+        batch = self._batch
+        if batch is not None:
+            batch.format()
+            if self._batch is not None:  # not filled: never read as no lines
+                raise RuntimeError("repr lines were not formatted: their batch lost them")
         return self._lines
 
     @overload
