@@ -98,3 +98,31 @@ def test_a_submodule_runs_without_grad_and_gives_the_callers_mode_back_also_when
     assert model.grad_modes == [True, True] and model.inner.grad_modes == [False]
     trace = graphtrace.capture(model, torch.ones(1, 2), strategy="eager")
     assert [node.error for node in trace.walk()] == [None, "KeyError: 'inside'"]
+
+
+class _HidesItsChildren(nn.Module):
+    """Overrides named_children only: transformers asks named_children whether a module is a leaf."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.helper = nn.Identity()  # never called
+        self.w = nn.Parameter(torch.ones(3))
+
+    def named_children(self) -> Iterator[tuple[str, nn.Module]]:
+        return iter(())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.w
+
+
+def test_a_module_hiding_its_children_from_named_children_is_a_leaf_as_transformers_says(tmp_path: Path) -> None:
+    from transformers.model_debugging_utils import model_addition_debugger_context as reference
+
+    assert is_leaf(_HidesItsChildren())
+    model = nn.Sequential(nn.Linear(3, 3), _HidesItsChildren()).eval()
+    x = torch.randn(2, 3)
+    for name, context in (("hf", reference), ("graphtrace", graphtrace.model_addition_debugger_context)):
+        with torch.no_grad(), context(model, debug_path=str(tmp_path / name), do_prune_layers=False):
+            model(x)
+    for file in ("Sequential_debug_tree_SUMMARY.json", "Sequential_debug_tree_FULL_TENSORS.json"):
+        assert (tmp_path / "graphtrace" / file).read_bytes() == (tmp_path / "hf" / file).read_bytes()

@@ -74,6 +74,7 @@ def module_paths(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
 
 _NAMED_MODULES = nn.Module.named_modules
 _CHILDREN = nn.Module.children
+_NAMED_CHILDREN = nn.Module.named_children
 
 
 def _preorder(model: nn.Module, root: str) -> list[tuple[str, nn.Module]] | None:
@@ -96,7 +97,9 @@ def _preorder(model: nn.Module, root: str) -> list[tuple[str, nn.Module]] | None
 
 def is_leaf(module: nn.Module) -> bool:
     """A module without child modules: the transformers format records outputs only for these (and the root)."""
-    if type(module).children is _CHILDREN:  # what children() yields: the entries of _modules that are not None
+    kind = type(module)
+    if kind.children is _CHILDREN and kind.named_children is _NAMED_CHILDREN:
+        # what children() yields: the entries of _modules that are not None
         return all(child is None for child in module._modules.values())
     return next(iter(module.children()), None) is None
 
