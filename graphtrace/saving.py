@@ -32,8 +32,8 @@ def save(trace: Trace, directory: str | os.PathLike[str], *, graph: bool = True)
     prepare_directory(directory)
     try:
         drawing = _start(trace, directory)
-    except BaseException:
-        save_trace(trace, directory)  # the picture never costs the trace
+    except Exception:
+        save_trace(trace, directory)  # the picture never costs the trace (an interrupt stops both)
         raise
     try:
         written = save_trace(trace, directory)

@@ -381,3 +381,19 @@ def test_a_save_that_fails_stops_dot_and_leaves_no_picture(tmp_path: Path, monke
     pid = int(note.read_text().split()[0])
     with pytest.raises(ProcessLookupError):  # killed and reaped, not left drawing or as a zombie
         os.kill(pid, 0)
+
+
+def test_an_interrupt_before_dot_starts_leaves_no_temporary_file_and_saves_nothing_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from graphtrace.render import dot
+
+    trace = graphtrace.capture(demo_model(), demo_inputs())
+
+    def interrupted(target: Path) -> Path:
+        raise KeyboardInterrupt  # Ctrl-C while the picture's temporary file is being made
+
+    monkeypatch.setattr(dot, "temporary_beside", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        trace.save(tmp_path / "out")
+    assert list((tmp_path / "out").iterdir()) == []  # neither the DOT source's temporary file nor a trace file

@@ -140,6 +140,9 @@ class Drawing:
         except OSError as exc:
             self._discard()
             raise _unwritable(target, exc) from exc
+        except BaseException:  # interrupted before dot runs: nothing of it may stay behind
+            self.abandon()
+            raise
 
     def finish(self) -> list[Path]:
         """Wait for ``dot``, then put the DOT source and the picture in place; returns their paths. Raises
