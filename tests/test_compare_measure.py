@@ -123,3 +123,16 @@ def test_a_partial_rotary_layout_is_an_equivalence_even_in_one_row() -> None:
     found = measure("outputs", record, "outputs", record, Tolerance(), (a, b))
     assert found.status == "equal"
     assert "the first 4 of each head of 16" in found.equivalence
+
+
+def test_an_element_near_zero_may_differ_by_rounding_of_the_tensors_large_elements() -> None:
+    """By default atol is at least rtol times the largest magnitude (normwise); explicit tolerances are isclose's."""
+    a = torch.tensor([1.5, -1.25, 0.01, 0.5], dtype=torch.bfloat16)
+    b = a.clone()
+    b[2] += 2**-7  # one unit of bfloat16 rounding at magnitude 1-2, almost twice the element itself
+    record = TensorRecord(shape=(4,), dtype="torch.bfloat16", stats=Stats(0.0, 1.0, -1.0, 1.0))
+    assert measure("outputs", record, "outputs", record, Tolerance(), (a, b)).status == "equal"
+    explicit = Tolerance(rtol=1.6e-2, atol=1e-5)
+    assert measure("outputs", record, "outputs", record, explicit, (a, b)).status == "diverged"
+    b[2] += 2**-4  # beyond 1.6e-2 of the largest magnitude
+    assert measure("outputs", record, "outputs", record, Tolerance(), (a, b)).status == "diverged"

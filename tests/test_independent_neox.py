@@ -108,3 +108,21 @@ def test_a_port_running_the_parallel_mlp_branch_first_compares_equal(
     assert pairs["gpt_neox.layers.1.attention"] == "transformer.h.1.attn"
     assert pairs["gpt_neox.layers.1.input_layernorm"] == "transformer.h.1.norm_1"
     assert pairs["gpt_neox.layers.1.mlp"] == "transformer.h.1.mlp"
+
+
+def test_in_bfloat16_a_faithful_port_compares_equal_by_values_and_a_bug_is_still_named(tmp_path: Path) -> None:
+    """In bfloat16, an attention output near zero is off by a unit of rounding of the values it was summed from
+    (7.8e-3 at magnitude 1), far beyond torch.testing's atol of 1e-5 for that element."""
+    original = independent_neox.hf_neox()
+    ids = independent_neox.token_ids()
+    ports = {bug: independent_neox.port_of(original, bug) for bug in (None, "q_without_bias")}
+    graphtrace.capture(original.to(torch.bfloat16), {"input_ids": ids}, path=tmp_path / "a", values="bundle")
+    named = {}
+    for bug, port in ports.items():
+        port = port.to(torch.bfloat16)
+        port.angles = port.angles.float()  # its rotary angles stay in float32, as transformers' do
+        graphtrace.capture(port, (ids,), path=tmp_path / str(bug), values="bundle")
+        result = graphtrace.compare(tmp_path / "a", tmp_path / str(bug))
+        first = result.first_divergence
+        named[bug] = "equal" if result.equal else first.b.path.partition(".")[2] if first else "?"
+    assert named == {None: "equal", "q_without_bias": "transformer.h.1.attn.q"}

@@ -3,7 +3,10 @@
 A is the reference: an element of B is within tolerance when ``|b - a| <= atol + rtol * |a|`` (``torch.isclose``
 with ``a`` as ``other``). NaN against NaN and an infinity against the same infinity count as equal: both
 implementations produced them. Without explicit tolerances each dtype gets ``torch.testing.assert_close``'s
-defaults (the looser of the two dtypes when they differ).
+defaults (the looser of the two dtypes when they differ), and ``atol`` is at least ``rtol`` times the tensor's
+largest magnitude: an element computed from others (a sum, an attention's weighted values) is off by rounding
+relative to *their* magnitudes, not its own, so in bfloat16 an element near zero may honestly differ by a unit of
+rounding of the tensor's large elements. In float32 this matters only for tensors with elements beyond about 8.
 
 Statistics read from transformers' files are 5-digit strings (``"tensor(-8.1495e-04)"``); their rounding is added to
 the tolerance, so a transformers-written trace and a graphtrace trace of the same forward agree.
@@ -464,15 +467,18 @@ def _fixed_direction(rows: int, like: Any) -> Any:
     return ((index * 0.6180339887498949) % 1.0) + 0.5
 
 
-def _from_values(ta: Any, tb: Any, base: dict[str, Any]) -> TensorDiff:
+def _from_values(ta: Any, tb: Any, base: dict[str, Any], normwise: bool) -> TensorDiff:
     """Differences of two tensors whose values lie in the same order (equal shapes up to size-1 dimensions), in
     float64, using tensor methods only. When they differ only by a re-ordering of the last dimension (a rotary
-    layout, a permuted projection), they are equal up to it, and ``equivalence`` says so."""
+    layout, a permuted projection), they are equal up to it, and ``equivalence`` says so. ``normwise``: ``atol`` is
+    at least ``rtol`` times the largest magnitude of ``a`` (see the module docstring)."""
     rtol, atol = base["rtol"], base["atol"]
     epsilon = _epsilon(base["dtype_a"], base["dtype_b"])
     equivalence = base.pop("equivalence", "")
     a = ta.detach().reshape(-1).double()
     b = tb.detach().reshape(-1).double()
+    if normwise and a.numel():
+        atol = max(atol, rtol * float(a.masked_fill(~a.isfinite(), 0.0).abs().max().item()))
     dtypes = (base["dtype_a"], base["dtype_b"])
     found = _elementwise(a, b, rtol, atol, epsilon, dtypes)
     if found.outside == 0 and bool((a != b).any().item()):
@@ -560,7 +566,7 @@ def measure(
             )
         base["equivalence"] = f"shapes {list(a.shape)} and {list(b.shape)} differ only by size-1 dims"
     if values is not None:
-        return _from_values(values[0], values[1], base)
+        return _from_values(values[0], values[1], base, normwise=tolerance.atol is None)
     if a.stats is not None and b.stats is not None:
         return _from_stats(a, b, base)
     reason = "" if a.stats is None and b.stats is None else f"no statistics in {'A' if a.stats is None else 'B'}"
