@@ -126,10 +126,12 @@ def test_a_partial_rotary_layout_is_an_equivalence_even_in_one_row() -> None:
 
 
 def test_an_element_near_zero_may_differ_by_rounding_of_the_tensors_large_elements() -> None:
-    """By default atol is at least rtol times the largest magnitude (normwise); explicit tolerances are isclose's."""
+    """By default atol is at least rtol times the largest magnitude among the elements that differ; explicit
+    tolerances are isclose's."""
     a = torch.tensor([1.5, -1.25, 0.01, 0.5], dtype=torch.bfloat16)
     b = a.clone()
-    b[2] += 2**-7  # one unit of bfloat16 rounding at magnitude 1-2, almost twice the element itself
+    b[0] += 2**-7  # one unit of bfloat16 rounding at magnitude 1-2, here and, almost twice the element, near zero
+    b[2] += 2**-7
     record = TensorRecord(shape=(4,), dtype="torch.bfloat16", stats=Stats(0.0, 1.0, -1.0, 1.0))
     assert measure("outputs", record, "outputs", record, Tolerance(), (a, b)).status == "equal"
     explicit = Tolerance(rtol=1.6e-2, atol=1e-5)

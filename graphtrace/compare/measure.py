@@ -3,10 +3,10 @@
 A is the reference: an element of B is within tolerance when ``|b - a| <= atol + rtol * |a|`` (``torch.isclose``
 with ``a`` as ``other``). NaN against NaN and an infinity against the same infinity count as equal: both
 implementations produced them. Without explicit tolerances each dtype gets ``torch.testing.assert_close``'s
-defaults (the looser of the two dtypes when they differ), and ``atol`` is at least ``rtol`` times the tensor's
-largest magnitude: an element computed from others (a sum, an attention's weighted values) is off by rounding
-relative to *their* magnitudes, not its own, so in bfloat16 an element near zero may honestly differ by a unit of
-rounding of the tensor's large elements. In float32 this matters only for tensors with elements beyond about 8.
+defaults (the looser of the two dtypes when they differ), and ``atol`` is at least ``rtol`` times the largest
+magnitude among the elements that differ: an element computed from others (a sum, an attention's weighted values) is
+off by rounding relative to *their* magnitudes, not its own, so in bfloat16 an element near zero may honestly differ
+by a unit of rounding of the tensor's large elements. In float32 this matters only for elements beyond about 8.
 
 Statistics read from transformers' files are 5-digit strings (``"tensor(-8.1495e-04)"``); their rounding is added to
 the tolerance, so a transformers-written trace and a graphtrace trace of the same forward agree.
@@ -478,7 +478,9 @@ def _from_values(ta: Any, tb: Any, base: dict[str, Any], normwise: bool) -> Tens
     a = ta.detach().reshape(-1).double()
     b = tb.detach().reshape(-1).double()
     if normwise and a.numel():
-        atol = max(atol, rtol * float(a.masked_fill(~a.isfinite(), 0.0).abs().max().item()))
+        # over the elements that differ, not over a mask's stand-ins for minus infinity that both share
+        differing = (a != b) & a.isfinite() & b.isfinite() & ~_masked(a, base["dtype_a"]) & ~_masked(b, base["dtype_b"])
+        atol = max(atol, rtol * float(a.masked_fill(~differing, 0.0).abs().max().item()))
     dtypes = (base["dtype_a"], base["dtype_b"])
     found = _elementwise(a, b, rtol, atol, epsilon, dtypes)
     if found.outside == 0 and bool((a != b).any().item()):
