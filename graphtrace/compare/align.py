@@ -407,16 +407,15 @@ def _evidence_pass(
     b_calls: Sequence[CallNode],
     positions: tuple[dict[int, int], dict[int, int]],
     tolerance: Tolerance,
-) -> bool:
+) -> None:
     """Pair the children of two paired containers that return the same output by what they compute, in whatever
-    order they run (True when any pair was added). A port may run independent calls in another order (v, k, q; a
-    parallel residual's MLP before its attention), which no order-preserving alignment pairs. Only inside
-    containers that agree, and only pairs that no other child fits: where a container departs, the order decides,
-    so that a port that swapped two projections' weights is blamed at the projection, not for its code."""
+    order they run (called again once more containers are paired). A port may run independent calls in another
+    order (v, k, q; a parallel residual's MLP before its attention), which no order-preserving alignment pairs. Only
+    inside containers that agree, and only pairs that no other child fits: where a container departs, the order
+    decides, so that a port that swapped two projections' weights is blamed at the projection, not for its code."""
     score = _Scorer(tolerance)
     position_a, position_b = positions
     matched_b = {j for j, _ in found.values()}
-    added = False
     for i, (j, _) in list(found.items()):
         parent_a, parent_b = a_calls[i], b_calls[j]
         if parent_a.leaf or parent_b.leaf or parent_a.outputs is None or parent_b.outputs is None:
@@ -439,8 +438,6 @@ def _evidence_pass(
             if len(fitting) == 1 and takers[fitting[0]] == 1:
                 found[k] = (fitting[0], "structure")
                 matched_b.add(fitting[0])
-                added = True
-    return added
 
 
 def _output_probe(node: CallNode) -> StatPoint | None:
@@ -547,14 +544,12 @@ def align_calls(
     if mode != "path":
         positions = ({id(node): i for i, node in enumerate(a_calls)}, {id(node): j for j, node in enumerate(b_calls)})
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=True)
-        while _evidence_pass(found, a_calls, b_calls, positions, tolerance):
-            pass  # a pair found by evidence may be a container whose own children then pair
+        _evidence_pass(found, a_calls, b_calls, positions, tolerance)
         # again, now that the outer containers are paired: the ones inside them pair by what they are made of
         pairs = [(a_calls[i], b_calls[j]) for i, (j, _) in found.items()]
         same_place = _SamePlace(a_root, b_root, pairs)
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=True, same_place=same_place)
-        while _evidence_pass(found, a_calls, b_calls, positions, tolerance):
-            pass
+        _evidence_pass(found, a_calls, b_calls, positions, tolerance)
     # fused projections before the leaves are aligned by structure: a wqkv's parts would otherwise pair with
     # whatever leaf has their shapes (GPT-2's c_proj with a port's k_proj)
     # (the data flow between them is read through a provisional pairing of the leaves: after a divergence, the
