@@ -28,6 +28,7 @@ from tests import independent_bert, independent_gpt2, independent_llama, indepen
 from tests.independent_cases import (  # noqa: E402
     BERT_CASES,
     CASES,
+    COMPOUND_CASES,
     FAITHFUL,
     MODES,
     NEOX_CASES,
@@ -82,7 +83,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     cases = [(arch, None, fused, None) for arch, fused in faithful]
     cases += [(arch, variant, False, None) for arch, variant in REORDERED]
     cases += list(CASES) + VIT_CASES + BERT_CASES
-    cases += SPLIT_CASES + NEOX_CASES
+    cases += SPLIT_CASES + NEOX_CASES + COMPOUND_CASES
     rows = []
     for values in MODES:
         for arch in originals:  # gpt2-split's original is gpt2

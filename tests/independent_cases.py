@@ -76,3 +76,19 @@ NEOX_CASES = [
 # What only statistics can tell: the parts of a fused call are compared as a whole, so the port's module that calls
 # them is the most precise answer there is
 STATS_EXPECTED = {("neox", "q_without_bias"): "transformer.h.1.attn"}
+
+# a faithful re-ordering and a bug in the same port (REORDERED's variant, "+", the bug): inside the container that
+# departs, values alone cannot tell calls run in another order from two projections' weights swapped, so what the
+# port's agreeing blocks show of its order, the shapes, or a call given what no sibling was given must decide
+COMPOUND_CASES = [
+    # every attention departs; grouped-query shapes leave v, k, q against q, k, v no order-preserving pairing
+    ("llama", "vkq_order+rope_base", False, "layers.0.attention"),
+    # the order learned from layers 0 and 1, whose attentions agree
+    ("llama", "vkq_order+unpermuted_qk", False, "layers.2.attention"),
+    ("llama", "vkq_order+gate_up_swapped", False, "layers.2.feed_forward.w1"),
+    # the block departs; its attention, run after the MLP, is the only call given the first norm's output
+    ("neox", "mlp_first+full_rotary", False, "transformer.h.0.attn"),
+    ("neox", "mlp_first+q_without_bias", False, "transformer.h.1.attn.q"),
+    ("neox", "mlp_first+tanh_gelu", False, "transformer.h.2.mlp.act"),
+]
+STATS_EXPECTED[("neox", "mlp_first+q_without_bias")] = "transformer.h.1.attn"

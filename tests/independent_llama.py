@@ -26,6 +26,7 @@ BUGS = (
 )
 
 VARIANTS = ("vkq_order",)  # faithful, not bugs: every attention computes v, then k, then q
+# a variant and a bug together: ``"vkq_order+rope_base"``
 
 RULES = (
     "model.embed_tokens=tok_embeddings",
@@ -75,6 +76,7 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, dim // n_heads
         self.fused, self.bug = fused, bug
+        self.vkq_order = bug == "vkq_order"
         kv = n_kv_heads * self.head_dim
         if fused:
             self.wqkv = nn.Linear(dim, dim + 2 * kv, bias=False)
@@ -89,7 +91,7 @@ class Attention(nn.Module):
         kv = self.n_kv_heads * self.head_dim
         if self.fused:
             xq, xk, xv = self.wqkv(x).split([dim, kv, kv], dim=-1)
-        elif self.bug == "vkq_order":  # faithful: the three projections are independent, any order will do
+        elif self.vkq_order:  # faithful: the three projections are independent, any order will do
             xv = self.wv(x)
             xk = self.wk(x)
             xq = self.wq(x)
@@ -178,7 +180,10 @@ def _to_interleaved(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def port_of(hf, fused: bool = False, bug: str | None = None, bug_layer: int = -1) -> Transformer:
-    """A ``Transformer`` with the weights of a transformers ``LlamaForCausalLM`` (eval mode)."""
+    """A ``Transformer`` with the weights of a transformers ``LlamaForCausalLM`` (eval mode); ``bug`` may name a
+    variant and a bug together (``"vkq_order+rope_base"``)."""
+    variant, _, bug = (bug or "").rpartition("+")
+    bug = bug or None
     c = hf.config
     cfg = {
         "dim": c.hidden_size,
@@ -217,6 +222,7 @@ def port_of(hf, fused: bool = False, bug: str | None = None, bug_layer: int = -1
             mine.feed_forward.w2.weight.copy_(theirs.mlp.down_proj.weight)
             mine.attention_norm.weight.copy_(theirs.input_layernorm.weight)
             mine.ffn_norm.weight.copy_(theirs.post_attention_layernorm.weight)
+            mine.attention.vkq_order = mine.attention.vkq_order or variant == "vkq_order"
     return port.eval()
 
 

@@ -167,10 +167,13 @@ def _interleaving(head: int, rotary: int) -> torch.Tensor:
 
 def port_of(hf, bug: str | None = None, mlp_first: bool = False) -> PythiaPort:  # type: ignore[no-untyped-def]
     """The port of ``hf`` (transformers' GPTNeoXForCausalLM), its weights copied; ``mlp_first`` runs each block's
-    MLP branch before its attention (the parallel residual allows either order)."""
+    MLP branch before its attention (the parallel residual allows either order), also as a variant of a bug
+    (``"mlp_first+tanh_gelu"``)."""
     config = hf.config
-    if bug == "mlp_first":
-        bug, mlp_first = None, True
+    variant, _, bug = (bug or "").rpartition("+")  # a variant and a bug together: "mlp_first+tanh_gelu"
+    if bug == "mlp_first" or variant == "mlp_first":
+        bug, mlp_first = (None if bug == "mlp_first" else bug), True
+    bug = bug or None
     port = PythiaPort(config, bug, mlp_first).eval()
     heads, dim = config.num_attention_heads, config.hidden_size
     head = dim // heads

@@ -14,7 +14,7 @@ import torch
 
 import graphtrace
 from tests import independent_neox
-from tests.independent_cases import MODES, NEOX_CASES, STATS_EXPECTED
+from tests.independent_cases import COMPOUND_CASES, MODES, NEOX_CASES, STATS_EXPECTED
 from tests.port_traces import port_traces
 
 
@@ -61,7 +61,11 @@ def _expected(bug: str, values: str, expected: str) -> str:
 
 @pytest.mark.parametrize("values", MODES)
 @pytest.mark.parametrize("mapped", [False, True], ids=["structure", "rules"])
-@pytest.mark.parametrize(("bug", "expected"), [(bug, expected) for _, bug, _, expected in NEOX_CASES])
+@pytest.mark.parametrize(
+    ("bug", "expected"),
+    [(bug, expected) for _, bug, _, expected in NEOX_CASES]
+    + [(bug, expected) for arch, bug, _, expected in COMPOUND_CASES if arch == "neox"],
+)
 def test_each_bug_is_named_in_the_ports_terms(
     captured: Callable[..., tuple[Path, Path]], values: str, mapped: bool, bug: str, expected: str
 ) -> None:

@@ -16,7 +16,7 @@ import torch
 
 import graphtrace
 from tests import independent_gpt2, independent_llama
-from tests.independent_cases import CASES, FAITHFUL, MODES, SPLIT_CASES
+from tests.independent_cases import CASES, COMPOUND_CASES, FAITHFUL, MODES, SPLIT_CASES
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +206,22 @@ def test_a_port_computing_v_k_q_in_another_order_compares_equal(
     assert result.equal, result.table()
     pairs = {call.a.path.rpartition(".")[2]: call.b.path.rpartition(".")[2] for call in result.calls}
     assert (pairs["q_proj"], pairs["k_proj"], pairs["v_proj"]) == ("wq", "wk", "wv")
+
+
+@pytest.mark.parametrize("values", MODES)
+@pytest.mark.parametrize("mapped", [False, True], ids=["structure", "rules"])
+@pytest.mark.parametrize(
+    ("bug", "expected"), [(bug, expected) for arch, bug, _, expected in COMPOUND_CASES if arch == "llama"]
+)
+def test_a_port_in_another_order_with_a_bug_is_blamed_where_the_bug_lives(
+    captured: Callable[..., tuple[Path, Path]], values: str, mapped: bool, bug: str, expected: str
+) -> None:
+    """The port computes v, k, q and departs inside the same attention (or MLP): the projections pair by the order
+    its agreeing layers show, or by what they compute where the shapes rule out the original's order, and swapped
+    weights are still blamed at the projection."""
+    a, b = captured("llama", bug, False, values)
+    result = graphtrace.compare(a, b, rules=_rules("llama") if mapped else ())
+    assert _named(result) == expected, result.table()
+    pairs = {call.a.path.partition(".")[2]: call.b.path.partition(".")[2] for call in result.calls}
+    assert pairs["model.layers.0.self_attn.q_proj"] == "layers.0.attention.wq", result.table()
+    assert pairs["model.layers.2.self_attn.v_proj"] == "layers.2.attention.wv", result.table()

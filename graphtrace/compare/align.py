@@ -17,6 +17,7 @@ Three ways, tried in this order (``mode="auto"``):
 from __future__ import annotations
 
 import bisect
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -407,37 +408,155 @@ def _evidence_pass(
     b_calls: Sequence[CallNode],
     positions: tuple[dict[int, int], dict[int, int]],
     tolerance: Tolerance,
+    orders: dict[tuple[object, ...], frozenset[tuple[int, int]]],
 ) -> None:
-    """Pair the children of two paired containers that return the same output by what they compute, in whatever
-    order they run (called again once more containers are paired). A port may run independent calls in another
-    order (v, k, q; a parallel residual's MLP before its attention), which no order-preserving alignment pairs. Only
-    inside containers that agree, and only pairs that no other child fits: where a container departs, the order
-    decides, so that a port that swapped two projections' weights is blamed at the projection, not for its code."""
+    """Pair the children of two paired containers by what they compute, in whatever order they run. A port may run
+    independent calls in another order (v, k, q; a parallel residual's MLP before its attention), which no
+    order-preserving alignment pairs.
+
+    Inside containers that agree, a child pairs with the only child of the other that was given the same input and
+    returned the same output. Inside a container that departs, values cannot tell a port that runs its calls in
+    another order from one that swapped two projections' weights (each computes what the other's counterpart
+    computes), so the order decides, unless:
+
+    - a container of the same code (the same module of another block) agreed: its children's pairing, position by
+      position, is the port's order, learned where nothing departed (a swap in one block is still blamed at the
+      projection);
+    - or what the children compute pairs more of them than any order-preserving pairing can: weights are swapped
+      only between projections of the same shape, so a pairing the shapes force is a re-ordering (grouped-query
+      attention's v, k, q against q, k, v). The order so proven then holds in the later blocks, where nothing
+      agrees any more;
+    - and a child given what no sibling was given pairs with the only child of the other given it too
+      (:func:`_same_input_pairs`).
+
+    ``orders`` keeps the port's order of each container's calls, by :func:`_same_code`, from one call to the next."""
     score = _Scorer(tolerance)
     position_a, position_b = positions
     matched_b = {j for j, _ in found.values()}
+    departing: list[tuple[CallNode, CallNode, list[int], list[int]]] = []
     for i, (j, _) in list(found.items()):
         parent_a, parent_b = a_calls[i], b_calls[j]
         if parent_a.leaf or parent_b.leaf or parent_a.outputs is None or parent_b.outputs is None:
             continue
-        xs = [k for k in (position_a[id(child)] for child in parent_a.children) if k not in found]
-        ys = [k for k in (position_b[id(child)] for child in parent_b.children) if k not in matched_b]
-        xs = [k for k in xs if _aligns(a_calls[k], containers_only=False)]
-        ys = [k for k in ys if _aligns(b_calls[k], containers_only=False)]
-        if not xs or not ys or len(xs) * len(ys) > EVIDENCE_CELLS:
+        children_a = [position_a[id(child)] for child in parent_a.children if _aligns(child, containers_only=False)]
+        children_b = [position_b[id(child)] for child in parent_b.children if _aligns(child, containers_only=False)]
+        xs = [k for k in children_a if k not in found]
+        ys = [k for k in children_b if k not in matched_b]
+        if len(children_a) * len(children_b) > EVIDENCE_CELLS:
             continue
         if not score.close(_output_probe(parent_a), _output_probe(parent_b)):
+            departing.append((parent_a, parent_b, children_a, children_b))
             continue
-        signatures_b = {k: _Signature(b_calls[k]) for k in ys}
-        fits = {}
-        for k in xs:
-            x = _Signature(a_calls[k])
-            fits[k] = [other for other in ys if _same_computation(x, signatures_b[other], score)]
-        takers = Counter(other for fitting in fits.values() for other in fitting)
-        for k, fitting in fits.items():
-            if len(fitting) == 1 and takers[fitting[0]] == 1:
-                found[k] = (fitting[0], "structure")
-                matched_b.add(fitting[0])
+        for k, other in _evidence_pairs(xs, ys, a_calls, b_calls, score):
+            found[k] = (other, "structure")
+            matched_b.add(other)
+        order = frozenset(_child_order(children_a, children_b, found))
+        key = _same_code(parent_a, parent_b, children_a, children_b)
+        orders[key] = orders[key] & order if key in orders else order
+    departing.sort(key=lambda group: position_a[id(group[0])])
+    for parent_a, parent_b, children_a, children_b in departing:
+        xs = [k for k in children_a if k not in found]
+        ys = [k for k in children_b if k not in matched_b]
+        key = _same_code(parent_a, parent_b, children_a, children_b)
+        learned = orders.get(key)
+        if learned is not None:
+            pairs = [
+                (children_a[p], children_b[q])
+                for p, q in sorted(learned)
+                if children_a[p] in xs and children_b[q] in ys and _fit(a_calls[children_a[p]], b_calls[children_b[q]])
+            ]
+        else:
+            pairs = _evidence_pairs(xs, ys, a_calls, b_calls, score)
+            if not _order_cannot_pair(pairs, a_calls, b_calls, tolerance):
+                pairs = []
+        for k, other in pairs:
+            found[k] = (other, "structure")
+            matched_b.add(other)
+        xs = [k for k in xs if k not in found]
+        ys = [k for k in ys if k not in matched_b]
+        for k, other in _same_input_pairs(xs, ys, a_calls, b_calls, score):
+            found[k] = (other, "structure")
+            matched_b.add(other)
+        if pairs and learned is None:  # the port's order, proven here, holds in its later blocks, whose inputs differ
+            orders[key] = frozenset(_child_order(children_a, children_b, found))
+
+
+def _same_input_pairs(
+    xs: Sequence[int], ys: Sequence[int], a_calls: Sequence[CallNode], b_calls: Sequence[CallNode], score: _Scorer
+) -> list[tuple[int, int]]:
+    """Pairs of calls of the same kind and shapes, each the only one of its side given what the other was given:
+    inside a container that departs, the call that departs (a parallel branch's attention run after the MLP) is
+    still the one given the original's input. Calls given the same input as a sibling (q, k and v) pair by order."""
+    signatures_a = [_Signature(a_calls[k]) for k in xs]
+    signatures_b = [_Signature(b_calls[k]) for k in ys]
+
+    def alike(x: _Signature, y: _Signature) -> bool:
+        return (
+            x.key == y.key and x.in_probe is not None and y.in_probe is not None and score.close(x.in_probe, y.in_probe)
+        )
+
+    pairs = []
+    for x in signatures_a:
+        fits = [y for y in signatures_b if alike(x, y)]
+        if len(fits) == 1 and sum(alike(other, fits[0]) for other in signatures_a) == 1 and _fit(x.node, fits[0].node):
+            pairs.append((xs[signatures_a.index(x)], ys[signatures_b.index(fits[0])]))
+    return pairs
+
+
+def _order_cannot_pair(
+    pairs: Sequence[tuple[int, int]], a_calls: Sequence[CallNode], b_calls: Sequence[CallNode], tolerance: Tolerance
+) -> bool:
+    """Whether no order-preserving pairing of the calls in ``pairs`` pairs them all: the shapes force another order."""
+    if len(pairs) < 2:
+        return False
+    xs = sorted(k for k, _ in pairs)
+    ys = sorted(other for _, other in pairs)
+    ordered = _by_structure([_Signature(a_calls[k]) for k in xs], [_Signature(b_calls[k]) for k in ys], tolerance)
+    return len(ordered) < len(pairs)
+
+
+def _evidence_pairs(
+    xs: Sequence[int], ys: Sequence[int], a_calls: Sequence[CallNode], b_calls: Sequence[CallNode], score: _Scorer
+) -> list[tuple[int, int]]:
+    """Pairs of ``xs`` and ``ys`` that were given the same input and returned the same output, where neither fits
+    any other."""
+    if not xs or not ys:
+        return []
+    signatures_b = {k: _Signature(b_calls[k]) for k in ys}
+    fits = {}
+    for k in xs:
+        x = _Signature(a_calls[k])
+        fits[k] = [other for other in ys if _same_computation(x, signatures_b[other], score)]
+    takers = Counter(other for fitting in fits.values() for other in fitting)
+    return [(k, fitting[0]) for k, fitting in fits.items() if len(fitting) == 1 and takers[fitting[0]] == 1]
+
+
+def _child_order(
+    children_a: Sequence[int], children_b: Sequence[int], found: dict[int, tuple[int, MatchKind]]
+) -> Iterator[tuple[int, int]]:
+    """(position among A's children, position among B's) of every pair of children of two paired containers."""
+    place_b = {k: q for q, k in enumerate(children_b)}
+    for p, k in enumerate(children_a):
+        pair = found.get(k)
+        if pair is not None and pair[0] in place_b:
+            yield p, place_b[pair[0]]
+
+
+def _same_code(a: CallNode, b: CallNode, children_a: Sequence[int], children_b: Sequence[int]) -> tuple[object, ...]:
+    """What two paired containers share with the same pair of modules in another block: their paths with block
+    numbers left out, and how many calls they make."""
+    return (_BLOCK_NUMBER.sub(".#", a.path), _BLOCK_NUMBER.sub(".#", b.path), len(children_a), len(children_b))
+
+
+_BLOCK_NUMBER = re.compile(r"\.\d+(?=\.|$)")
+
+
+def _fit(a: CallNode, b: CallNode) -> bool:
+    """Two calls that could be one: the same kind and the same input and output shapes."""
+    x, y = _Signature(a), _Signature(b)
+    shapes_x = x.first_out.shape if x.first_out is not None else None
+    shapes_y = y.first_out.shape if y.first_out is not None else None
+    return x.key == y.key and shapes_x == shapes_y
 
 
 def _output_probe(node: CallNode) -> StatPoint | None:
@@ -544,12 +663,13 @@ def align_calls(
     if mode != "path":
         positions = ({id(node): i for i, node in enumerate(a_calls)}, {id(node): j for j, node in enumerate(b_calls)})
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=True)
-        _evidence_pass(found, a_calls, b_calls, positions, tolerance)
+        orders: dict[tuple[object, ...], frozenset[tuple[int, int]]] = {}
+        _evidence_pass(found, a_calls, b_calls, positions, tolerance, orders)
         # again, now that the outer containers are paired: the ones inside them pair by what they are made of
         pairs = [(a_calls[i], b_calls[j]) for i, (j, _) in found.items()]
         same_place = _SamePlace(a_root, b_root, pairs)
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=True, same_place=same_place)
-        _evidence_pass(found, a_calls, b_calls, positions, tolerance)
+        _evidence_pass(found, a_calls, b_calls, positions, tolerance, orders)
     # fused projections before the leaves are aligned by structure: a wqkv's parts would otherwise pair with
     # whatever leaf has their shapes (GPT-2's c_proj with a port's k_proj)
     # (the data flow between them is read through a provisional pairing of the leaves: after a divergence, the
