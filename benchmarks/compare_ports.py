@@ -3,13 +3,12 @@ docs/compare.md.
 
     python -m benchmarks.compare_ports [--markdown FILE]
 
-The ports (tests/independent_llama.py, tests/independent_gpt2.py, tests/independent_vit.py,
-tests/independent_bert.py, tests/independent_neox.py) are written in styles unlike transformers' and
-take their weights from small transformers models with random weights. For every case (a faithful port, or one
-injected bug) and every value mode (``safetensors``, ``bundle``, and the default ``repr``, which compares by
-statistics), the original and the port are captured and compared without rename rules and with them. A faithful
-port scores when it compares equal; a bug scores when the module named is the one where the bug lives (by
-statistics alone, the parts of a fused projection cannot be told apart: their caller is the answer there).
+The ports (tests/independent_*.py) are written in styles unlike transformers' and take their weights from small
+transformers models with random weights. For every case (a faithful port, or one injected bug) and every value mode
+(``safetensors``, ``bundle``, and the default ``repr``, which compares by statistics), the original and the port are
+captured and compared without rename rules and with them. A faithful port scores when it compares equal; a bug
+scores when the module named is the one where the bug lives (by statistics alone, the parts of a fused projection
+cannot be told apart: their caller is the answer there).
 """
 
 from __future__ import annotations
@@ -24,7 +23,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import graphtrace  # noqa: E402
-from tests import independent_bert, independent_gpt2, independent_llama, independent_neox, independent_vit  # noqa: E402
+from tests import (  # noqa: E402
+    independent_bert,
+    independent_gpt2,
+    independent_lean_llama,
+    independent_llama,
+    independent_neox,
+    independent_vit,
+)
 from tests.independent_cases import (  # noqa: E402
     BERT_CASES,
     CASES,
@@ -50,6 +56,8 @@ def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fus
         return independent_neox.port_of(originals["neox"], bug=bug)
     if arch == "gpt2-split":
         return independent_gpt2.split_port_of(originals["gpt2"], bug)
+    if arch == "llama-lean":
+        return independent_lean_llama.port_of(originals["llama"], bug)
     return independent_gpt2.port_of(originals["gpt2"], bug=bug)
 
 
@@ -69,6 +77,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "bert": independent_bert.RULES,
         "neox": independent_neox.RULES,
         "gpt2-split": (),
+        "llama-lean": independent_lean_llama.RULES,
     }
     token_ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
     pixels = independent_vit.pixels()
@@ -79,11 +88,13 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     neox_ids = independent_neox.token_ids()
     inputs["neox"] = ({"input_ids": neox_ids}, (neox_ids,))
     inputs["gpt2-split"] = inputs["gpt2"]
+    inputs["llama-lean"] = inputs["llama"]
     faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False))
+    faithful += (("llama-lean", False),)
     cases = [(arch, None, fused, None) for arch, fused in faithful]
     cases += [(arch, variant, False, None) for arch, variant in REORDERED]
     cases += list(CASES) + VIT_CASES + BERT_CASES
-    cases += SPLIT_CASES + NEOX_CASES + COMPOUND_CASES
+    cases += SPLIT_CASES + NEOX_CASES + COMPOUND_CASES + independent_lean_llama.CASES
     rows = []
     for values in MODES:
         for arch in originals:  # gpt2-split's original is gpt2
@@ -111,7 +122,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
                     named = "equal" if result.equal else (first.b.path.partition(".")[2] if first else "?")
                 want = "equal" if expected is None else expected
                 if values == "repr":
-                    want = STATS_EXPECTED.get((arch, bug or ""), want)
+                    want = {**STATS_EXPECTED, **independent_lean_llama.STATS_EXPECTED}.get((arch, bug or ""), want)
                 rows.append((name, values, "yes" if mapped else "no", named, want, named == want))
     return rows
 

@@ -151,8 +151,7 @@ def compare(
         order = {id(node): k for k, node in enumerate(returned_order(root_a))}
         matches = sorted(alignment.matches, key=lambda match: order[id(match.a)])
         step_calls = [diff_call(step_a, match, tolerance, stored) for match in matches]
-        for found in alignment.fused:
-            step_calls += diff_fused(step_a, found, tolerance, stored)
+        step_calls += diff_fused(step_a, alignment.fused, tolerance, stored)
         if alignment.fused:
             step_calls.sort(key=lambda call: order[id(call.a)])
         calls += step_calls

@@ -110,7 +110,8 @@ def _runs(
     tolerance: Tolerance,
     fed_alike: Callable[[CallNode, CallNode], bool],
 ) -> Iterator[tuple[CallNode, ...]]:
-    """Runs of consecutive candidates whose outputs, side by side, make up ``fused``'s output."""
+    """Runs of candidates whose outputs, side by side, make up ``fused``'s output: consecutive among those that
+    could be parts (an MLP's gate and up projections with its activation called between them)."""
     out, given = _single_output(fused), _first_input(fused)
     if out is None or given is None or not out.shape:
         return
@@ -128,15 +129,13 @@ def _runs(
             usable.append(None)
         else:
             usable.append(part_out.shape[-1])
-    for start in range(len(candidates)):
+    parts = [(node, size) for node, size in zip(candidates, usable, strict=True) if size is not None]
+    for start in range(len(parts)):
         total = 0
-        for end in range(start, len(candidates)):
-            size = usable[end]
-            if size is None:
-                break
-            total += size
+        for end in range(start, len(parts)):
+            total += parts[end][1]
             if total == width and end > start:
-                yield tuple(candidates[start : end + 1])
+                yield tuple(node for node, _ in parts[start : end + 1])
                 break
             if total > width:
                 break

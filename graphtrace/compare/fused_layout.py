@@ -30,6 +30,24 @@ class PartColumns:
 
     groups: int
     columns: tuple[Any, ...]  # one index tensor per part
+    proven: bool = False  # every part agrees with its columns
+
+    @property
+    def key(self) -> tuple[int, tuple[int, ...]]:
+        """The layout in numbers: the grouping and where each part starts (its order among the others)."""
+        return self.groups, tuple(int(columns[0].item()) for columns in self.columns)
+
+    def like(self, widths: Sequence[int], like: Any) -> PartColumns | None:
+        """The same layout for parts of ``widths`` (another block's fused call of the same code), or None when the
+        parts' widths do not allow it."""
+        if len(widths) != len(self.columns) or any(int(c.numel()) != w for c, w in zip(self.columns, widths)):
+            return None
+        order = sorted(range(len(widths)), key=lambda k: self.key[1][k])
+        placed = _columns([widths[k] for k in order], self.groups, like)
+        columns = [placed[0]] * len(widths)
+        for position, k in enumerate(order):
+            columns[k] = placed[position]
+        return PartColumns(self.groups, tuple(columns))
 
     def where(self, part: int) -> str:
         """The part's place in words, for the report: ``[..., 64:128]`` or a per-group slice."""
@@ -109,7 +127,7 @@ def part_columns(fused: Any, parts: Sequence[Any], rtol: float, atol: float) -> 
                 if bool(((ordered.values - keys).abs() <= allowed[chosen][ordered.indices]).all().item()):
                     agreeing += 1
             if agreeing > best_agreeing:
-                best, best_agreeing = PartColumns(groups, tuple(columns)), agreeing
+                best, best_agreeing = PartColumns(groups, tuple(columns), agreeing == len(parts)), agreeing
             if agreeing == len(parts):
                 return best
     return best

@@ -10,14 +10,16 @@ is reported. Full values are loaded (through the :class:`ValueFiles` the caller 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from graphtrace.compare.align import Match, MatchKind
 from graphtrace.compare.fused import FusedMatch, concatenated_record
-from graphtrace.compare.fused_layout import part_columns
+from graphtrace.compare.fused_layout import PartColumns, part_columns
 from graphtrace.compare.measure import Status, TensorDiff, Tolerance, measure, squeezed
 from graphtrace.errors import TraceFormatError
 from graphtrace.model import CallNode, TensorRecord, Trace
@@ -196,18 +198,66 @@ def diff_call(step: int, match: Match, tolerance: Tolerance, stored: StoredValue
     )
 
 
-def diff_fused(step: int, fused: FusedMatch, tolerance: Tolerance, stored: StoredValues) -> list[CallDiff]:
-    """One pair per part of a fused projection: the part against its columns of the fused output (with full
-    values: side by side or per head, see compare/fused_layout.py), or the concatenation of the parts against the
-    fused output (with statistics only)."""
+def diff_fused(step: int, found: Sequence[FusedMatch], tolerance: Tolerance, stored: StoredValues) -> list[CallDiff]:
+    """One pair per part of each fused projection of a step: the part against its columns of the fused output (with
+    full values: side by side or per head, see compare/fused_layout.py), or the concatenation of the parts against
+    the fused output (with statistics only).
+
+    The same fused call in every block (the same code) lays its parts out alike, so a block whose parts fit only
+    another layout than most blocks whose parts agree show (gate and up loaded the other way round: a layout of its
+    own, which the values alone would accept) is compared under the layout of the others, and departs where its
+    weights do; so is a block whose parts fit no layout (after a departure upstream)."""
+    values = [_fused_values(fused, stored) for fused in found]
+    layouts = [_layout(fused, pair, tolerance) for fused, pair in zip(found, values, strict=True)]
+    by_code: dict[tuple[object, ...], list[tuple[int, PartColumns, tuple[Any, list[Any]]]]] = {}
+    for k, (fused, pair, layout) in enumerate(zip(found, values, layouts, strict=True)):
+        if layout is not None and pair is not None:
+            by_code.setdefault(_same_code(fused), []).append((k, layout, pair))
+    for members in by_code.values():
+        ranked = Counter(layout.key for _, layout, _ in members if layout.proven).most_common(2)
+        if not ranked or ranked[0][1] < 2 or (len(ranked) > 1 and ranked[0][1] == ranked[1][1]):
+            continue  # no layout that most blocks whose parts agree share
+        usual = next(layout for _, layout, _ in members if layout.proven and layout.key == ranked[0][0])
+        for k, layout, (whole, parts) in members:
+            if layout.key != usual.key:
+                layouts[k] = usual.like([int(part.shape[-1]) for part in parts], whole) or layout
+    diffs = []
+    for fused, pair, layout in zip(found, values, layouts, strict=True):
+        diffs += _diff_fused(step, fused, tolerance, stored, pair, layout)
+    return diffs
+
+
+def _same_code(fused: FusedMatch) -> tuple[object, ...]:
+    """What a fused match shares with the same fused call and parts of another block: their paths without block
+    numbers."""
+    return (
+        fused.fused_in_a,
+        _BLOCK_NUMBER.sub(".#", fused.fused.path),
+        tuple(_BLOCK_NUMBER.sub(".#", part.path) for part in fused.parts),
+    )
+
+
+_BLOCK_NUMBER = re.compile(r"\.\d+(?=\.|$)")
+
+
+def _layout(fused: FusedMatch, values: tuple[Any, list[Any]] | None, tolerance: Tolerance) -> PartColumns | None:
+    if values is None:
+        return None
+    rtol, atol = tolerance.for_dtypes(_single(fused.fused).dtype, _single(fused.parts[0]).dtype)
+    return part_columns(values[0], values[1], rtol, atol)
+
+
+def _diff_fused(
+    step: int,
+    fused: FusedMatch,
+    tolerance: Tolerance,
+    stored: StoredValues,
+    values: tuple[Any, list[Any]] | None,
+    layout: PartColumns | None,
+) -> list[CallDiff]:
     fused_out = _single(fused.fused)
     part_outs = [_single(part) for part in fused.parts]
     combined = concatenated_record(part_outs)
-    values = _fused_values(fused, fused_out, part_outs, stored)
-    layout = None
-    if values is not None:
-        rtol, atol = tolerance.for_dtypes(fused_out.dtype, part_outs[0].dtype)
-        layout = part_columns(values[0], values[1], rtol, atol)
     diffs = []
     for k, (part, part_out, offset) in enumerate(zip(fused.parts, part_outs, fused.offsets)):
         a, b = (fused.fused, part) if fused.fused_in_a else (part, fused.fused)
@@ -252,13 +302,12 @@ def diff_fused(step: int, fused: FusedMatch, tolerance: Tolerance, stored: Store
     return diffs
 
 
-def _fused_values(
-    fused: FusedMatch, fused_out: TensorRecord, part_outs: list[TensorRecord], stored: StoredValues
-) -> tuple[Any, list[Any]] | None:
+def _fused_values(fused: FusedMatch, stored: StoredValues) -> tuple[Any, list[Any]] | None:
     """The fused output's values and each part's, or None unless every one of them has a file."""
+    fused_out = _single(fused.fused)
     whole = None
     own = []
-    for part_out in part_outs:
+    for part_out in (_single(part) for part in fused.parts):
         a_out, b_out = (fused_out, part_out) if fused.fused_in_a else (part_out, fused_out)
         values = stored.both(a_out, b_out)
         if values is None:
