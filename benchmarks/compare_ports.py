@@ -28,6 +28,7 @@ from tests import (  # noqa: E402
     independent_gpt2,
     independent_lean_llama,
     independent_llama,
+    independent_moe,
     independent_neox,
     independent_vit,
 )
@@ -54,6 +55,8 @@ def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fus
         return independent_bert.port_of(originals["bert"], bug=bug)
     if arch == "neox":
         return independent_neox.port_of(originals["neox"], bug=bug)
+    if arch == "moe":
+        return independent_moe.port_of(originals["moe"], bug=bug)
     if arch == "gpt2-split":
         return independent_gpt2.split_port_of(originals["gpt2"], bug)
     if arch == "llama-lean":
@@ -69,6 +72,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "vit": independent_vit.hf_vit(),
         "bert": independent_bert.hf_bert(),
         "neox": independent_neox.hf_neox(),
+        "moe": independent_moe.hf_mixtral(),
     }
     rules = {
         "llama": independent_llama.RULES,
@@ -76,6 +80,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "vit": independent_vit.RULES,
         "bert": independent_bert.RULES,
         "neox": independent_neox.RULES,
+        "moe": independent_moe.RULES,
         "gpt2-split": (),
         "llama-lean": independent_lean_llama.RULES,
     }
@@ -87,14 +92,15 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     inputs["bert"] = ({"input_ids": bert_ids}, (bert_ids,))
     neox_ids = independent_neox.token_ids()
     inputs["neox"] = ({"input_ids": neox_ids}, (neox_ids,))
+    inputs["moe"] = independent_moe.inputs(independent_moe.token_ids())
     inputs["gpt2-split"] = inputs["gpt2"]
     inputs["llama-lean"] = inputs["llama"]
-    faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False))
+    faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False), ("moe", False))
     faithful += (("llama-lean", False),)
     cases = [(arch, None, fused, None) for arch, fused in faithful]
     cases += [(arch, variant, False, None) for arch, variant in REORDERED]
     cases += list(CASES) + VIT_CASES + BERT_CASES
-    cases += SPLIT_CASES + NEOX_CASES + COMPOUND_CASES + independent_lean_llama.CASES
+    cases += SPLIT_CASES + NEOX_CASES + COMPOUND_CASES + independent_moe.CASES + independent_lean_llama.CASES
     rows = []
     for values in MODES:
         for arch in originals:  # gpt2-split's original is gpt2
@@ -122,7 +128,12 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
                     named = "equal" if result.equal else (first.b.path.partition(".")[2] if first else "?")
                 want = "equal" if expected is None else expected
                 if values == "repr":
-                    want = {**STATS_EXPECTED, **independent_lean_llama.STATS_EXPECTED}.get((arch, bug or ""), want)
+                    stats_expected = {
+                        **STATS_EXPECTED,
+                        **independent_moe.STATS_EXPECTED,
+                        **independent_lean_llama.STATS_EXPECTED,
+                    }
+                    want = stats_expected.get((arch, bug or ""), want)
                 rows.append((name, values, "yes" if mapped else "no", named, want, named == want))
     return rows
 
