@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,33 +197,45 @@ def diff_call(step: int, match: Match, tolerance: Tolerance, stored: StoredValue
     )
 
 
-def diff_fused(step: int, found: Sequence[FusedMatch], tolerance: Tolerance, stored: StoredValues) -> list[CallDiff]:
+def diff_fused(
+    step: int,
+    found: Sequence[FusedMatch],
+    caller: Callable[[FusedMatch], CallDiff | None],
+    tolerance: Tolerance,
+    stored: StoredValues,
+) -> list[CallDiff]:
     """One pair per part of each fused projection of a step: the part against its columns of the fused output (with
     full values: side by side or per head, see compare/fused_layout.py), or the concatenation of the parts against
-    the fused output (with statistics only).
+    the fused output (with statistics only). ``caller`` gives the pair of calls that call a fused one and its parts.
 
-    The same fused call in every block (the same code) lays its parts out alike, so a block whose parts fit only
-    another layout than most blocks whose parts agree show (gate and up loaded the other way round: a layout of its
-    own, which the values alone would accept) is compared under the layout of the others, and departs where its
-    weights do; so is a block whose parts fit no layout (after a departure upstream)."""
+    Values alone cannot tell a port that lays its parts out in another order from one that swapped two parts of the
+    same width on load (k's rows and v's, gate's and up's: each then computes what the other's columns hold). The
+    same fused projection in every block is the same code and lays its parts out alike, so where its callers agree
+    (its path with the block number left out) they show the layout, and a block whose caller departs is compared
+    under it when all of them show the same: a swap in one block departs at the part, and so do parts that fit no
+    layout after a departure upstream."""
     values = [_fused_values(fused, stored) for fused in found]
     layouts = [_layout(fused, pair, tolerance) for fused, pair in zip(found, values, strict=True)]
-    by_code: dict[tuple[object, ...], list[tuple[int, PartColumns, tuple[Any, list[Any]]]]] = {}
-    for k, (fused, pair, layout) in enumerate(zip(found, values, layouts, strict=True)):
-        if layout is not None and pair is not None:
-            by_code.setdefault(_same_code(fused), []).append((k, layout, pair))
-    for members in by_code.values():
-        ranked = Counter(layout.key for _, layout, _ in members if layout.proven).most_common(2)
-        if not ranked or ranked[0][1] < 2 or (len(ranked) > 1 and ranked[0][1] == ranked[1][1]):
-            continue  # no layout that most blocks whose parts agree share
-        usual = next(layout for _, layout, _ in members if layout.proven and layout.key == ranked[0][0])
-        for k, layout, (whole, parts) in members:
-            if layout.key != usual.key:
-                layouts[k] = usual.like([int(part.shape[-1]) for part in parts], whole) or layout
+    agreeing = [_caller_agrees(caller(fused)) for fused in found]
+    shown: dict[tuple[object, ...], dict[tuple[int, tuple[int, ...]], PartColumns]] = {}
+    for fused, layout, agrees in zip(found, layouts, agreeing, strict=True):
+        if layout is not None and layout.proven and agrees:
+            shown.setdefault(_same_code(fused), {})[layout.key] = layout
+    for k, (fused, pair, layout, agrees) in enumerate(zip(found, values, layouts, agreeing, strict=True)):
+        lessons = shown.get(_same_code(fused), {})
+        if layout is None or pair is None or agrees or len(lessons) != 1:
+            continue
+        (usual,) = lessons.values()
+        if usual.key != layout.key:
+            layouts[k] = usual.like([int(part.shape[-1]) for part in pair[1]], pair[0]) or layout
     diffs = []
     for fused, pair, layout in zip(found, values, layouts, strict=True):
         diffs += _diff_fused(step, fused, tolerance, stored, pair, layout)
     return diffs
+
+
+def _caller_agrees(call: CallDiff | None) -> bool:
+    return call is not None and call.status == "equal"
 
 
 def _same_code(fused: FusedMatch) -> tuple[object, ...]:
