@@ -269,3 +269,17 @@ def test_parts_are_found_in_one_row_with_non_finite_values_and_in_another_order(
     for part, columns in zip((v, k, q), layout.columns):
         assert torch.equal(fused.index_select(-1, columns).nan_to_num(), part.nan_to_num())
     assert layout.where(2) == "[..., 0:4 of each of 4 head groups]"
+
+
+def test_an_order_of_the_parts_taken_from_elsewhere_keeps_two_swapped_parts_apart() -> None:
+    """k's rows loaded as v's and v's as k's (grouped-query: the same width) agree with the fused output's columns in
+    another order; the order the same projection showed in another block keeps them apart, the grouping still
+    found from the values."""
+    torch.manual_seed(3)
+    q, k, v = torch.randn(2, 5, 32), torch.randn(2, 5, 16), torch.randn(2, 5, 16)
+    fused = _fused_per_group([q, k, v], 2)
+    found = part_columns(fused, [q, v, k], rtol=1.3e-6, atol=1e-5)
+    assert found.order == (0, 2, 1)
+    imposed = part_columns(fused, [q, v, k], rtol=1.3e-6, atol=1e-5, in_order=(0, 1, 2))
+    assert (imposed.groups, imposed.order) == (2, (0, 1, 2))
+    assert torch.equal(fused.index_select(-1, imposed.columns[1]), k)

@@ -18,14 +18,15 @@ from collections.abc import Callable, Sequence
 from typing import TypedDict, get_args
 
 from graphtrace.compare.align import AlignMode, align_calls, returned_order
+from graphtrace.compare.fused import FusedMatch
 from graphtrace.compare.measure import TensorDiff, Tolerance
 from graphtrace.compare.nonfinite import first_nonfinite
 from graphtrace.compare.ops import OpLocus, locate_op
-from graphtrace.compare.pairs import CallDiff, OpenValues, StoredValues, ValueFiles, diff_call, diff_fused
+from graphtrace.compare.pairs import CallDiff, OpenValues, StoredValues, ValueFiles, diff_call, diff_fused_calls
 from graphtrace.compare.report import Comparison, Unmatched
 from graphtrace.compare.rules import RenameRule, parse_rules
 from graphtrace.errors import InvalidOptionError
-from graphtrace.model import Trace
+from graphtrace.model import CallNode, Trace
 
 __all__ = [
     "AlignMode",
@@ -91,6 +92,20 @@ class CompareOptions(TypedDict, total=False):
     strict: bool
 
 
+def _caller(root_a: CallNode, calls: Sequence[CallDiff]) -> Callable[[FusedMatch], CallDiff | None]:
+    """The pair of the nearest matched caller of a fused projection (of its side in A)."""
+    diffs = {id(call.a): call for call in calls}
+    parents = {id(child): node for node in root_a.walk() for child in node.children}
+
+    def caller(fused: FusedMatch) -> CallDiff | None:
+        node = parents.get(id(fused.fused if fused.fused_in_a else fused.parts[0]))
+        while node is not None and id(node) not in diffs:
+            node = parents.get(id(node))
+        return diffs.get(id(node)) if node is not None else None
+
+    return caller
+
+
 def compare(
     a: Trace,
     b: Trace,
@@ -151,8 +166,8 @@ def compare(
         order = {id(node): k for k, node in enumerate(returned_order(root_a))}
         matches = sorted(alignment.matches, key=lambda match: order[id(match.a)])
         step_calls = [diff_call(step_a, match, tolerance, stored) for match in matches]
-        for found in alignment.fused:
-            step_calls += diff_fused(step_a, found, tolerance, stored)
+        if alignment.fused:
+            step_calls += diff_fused_calls(step_a, alignment.fused, _caller(root_a, step_calls), tolerance, stored)
         if alignment.fused:
             step_calls.sort(key=lambda call: order[id(call.a)])
         calls += step_calls

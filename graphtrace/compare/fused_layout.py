@@ -6,7 +6,8 @@ but GPT-NeoX, Pythia, Bloom and Falcon lay the fused output out *per head* (or p
 separate projections is faithful to either layout, so the columns that hold part ``k`` are found from the values:
 for each grouping ``G`` that divides every part's width (``G = 1`` is side by side), each part is set against its
 columns by a signature that ignores the order of columns *within* the part (a rotary layout may permute those, and
-measure allows for that), and the grouping under which most parts agree wins; side by side wins ties.
+measure allows for that), and the grouping under which most parts agree wins; side by side wins ties. The order
+of the parts can be imposed instead of found (the same projection's in another block, see compare/pairs.py).
 
 Tensor methods only (no torch import), like :mod:`graphtrace.compare.measure`.
 """
@@ -30,6 +31,7 @@ class PartColumns:
 
     groups: int
     columns: tuple[Any, ...]  # one index tensor per part
+    order: tuple[int, ...] = ()  # the parts in the order their columns lie in each group
 
     def where(self, part: int) -> str:
         """The part's place in words, for the report: ``[..., 64:128]`` or a per-group slice."""
@@ -68,13 +70,16 @@ def _finite(values: Any, scale: float) -> Any:
     return values.nan_to_num(nan=3.0 * scale, posinf=5.0 * scale, neginf=-5.0 * scale)
 
 
-def part_columns(fused: Any, parts: Sequence[Any], rtol: float, atol: float) -> PartColumns:
+def part_columns(
+    fused: Any, parts: Sequence[Any], rtol: float, atol: float, in_order: Sequence[int] | None = None
+) -> PartColumns:
     """The columns of ``fused`` (a tensor whose last dimension holds the parts) that hold each of ``parts``: the
-    grouping and the order of the parts (a port may compute v before q) under which most parts agree."""
+    grouping and the order of the parts (a port may compute v before q) under which most parts agree; with
+    ``in_order``, the grouping only, the parts lying in that order."""
     widths = [int(part.shape[-1]) for part in parts]
     total = int(fused.shape[-1])
     rows = fused.numel() // max(total, 1)
-    side_by_side = PartColumns(1, _columns(widths, 1, fused))
+    side_by_side = PartColumns(1, _columns(widths, 1, fused), tuple(range(len(parts))))
     if (
         len(parts) < 2
         or sum(widths) != total
@@ -94,6 +99,8 @@ def part_columns(fused: Any, parts: Sequence[Any], rtol: float, atol: float) -> 
     ]
     orders = list(itertools.permutations(range(len(parts)))) if len(parts) <= _MAX_REORDERED_PARTS else []
     orders = orders or [tuple(range(len(parts)))]
+    if in_order is not None and sorted(in_order) == list(range(len(parts))):
+        orders = [tuple(in_order)]
     best, best_agreeing = side_by_side, -1
     for groups in range(1, min(widths) + 1):
         if any(width % groups for width in widths):
@@ -109,7 +116,7 @@ def part_columns(fused: Any, parts: Sequence[Any], rtol: float, atol: float) -> 
                 if bool(((ordered.values - keys).abs() <= allowed[chosen][ordered.indices]).all().item()):
                     agreeing += 1
             if agreeing > best_agreeing:
-                best, best_agreeing = PartColumns(groups, tuple(columns)), agreeing
+                best, best_agreeing = PartColumns(groups, tuple(columns), tuple(order)), agreeing
             if agreeing == len(parts):
                 return best
     return best

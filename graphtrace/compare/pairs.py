@@ -10,19 +10,19 @@ is reported. Full values are loaded (through the :class:`ValueFiles` the caller 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from graphtrace.compare.align import Match, MatchKind
+from graphtrace.compare.align import Match, MatchKind, without_block_number
 from graphtrace.compare.fused import FusedMatch, concatenated_record
-from graphtrace.compare.fused_layout import part_columns
+from graphtrace.compare.fused_layout import PartColumns, part_columns
 from graphtrace.compare.measure import Status, TensorDiff, Tolerance, measure, squeezed
 from graphtrace.errors import TraceFormatError
 from graphtrace.model import CallNode, TensorRecord, Trace
 
-__all__ = ["CallDiff", "OpenValues", "StoredValues", "ValueFiles", "diff_call", "diff_fused"]
+__all__ = ["CallDiff", "OpenValues", "StoredValues", "ValueFiles", "diff_call", "diff_fused", "diff_fused_calls"]
 
 Named = tuple[str, TensorRecord]
 
@@ -196,10 +196,57 @@ def diff_call(step: int, match: Match, tolerance: Tolerance, stored: StoredValue
     )
 
 
+def diff_fused_calls(
+    step: int,
+    found: Sequence[FusedMatch],
+    caller: Callable[[FusedMatch], CallDiff | None],
+    tolerance: Tolerance,
+    stored: StoredValues,
+) -> list[CallDiff]:
+    """The pairs of every fused projection of a step (see :func:`diff_fused`), ``caller`` giving the pair of calls
+    that call a fused one and its parts.
+
+    Values alone cannot tell a port that lays its parts out in another order from one that swapped two parts of the
+    same width on load (k's rows and v's: each then computes what the other's columns hold), so the order of the
+    parts found in the same projection of another block (its path with the block number left out) whose caller
+    agreed decides inside a caller that departs, when every such twin showed the same order: a swap in one block is
+    blamed at the part. The grouping (side by side or per head) is still found from the values: under another
+    grouping every part holds some of every other's columns, and the caller that splits them into heads departs."""
+    first = [_diff_fused(step, fused, tolerance, stored) for fused in found]
+    shown: dict[tuple[str, ...], set[tuple[int, ...]]] = {}
+    for fused, (diffs, layout) in zip(found, first):
+        above = caller(fused)
+        if layout is not None and above is not None and above.status == "equal":
+            if all(diff.status == "equal" for diff in diffs):
+                shown.setdefault(_same_code(fused), set()).add(layout.order)
+    calls: list[CallDiff] = []
+    for fused, (diffs, layout) in zip(found, first):
+        above = caller(fused)
+        taught = shown.get(_same_code(fused), set())
+        if layout is not None and above is not None and above.status == "diverged" and len(taught) == 1:
+            (order,) = taught
+            if order != layout.order:
+                diffs, _ = _diff_fused(step, fused, tolerance, stored, order)
+        calls += diffs
+    return calls
+
+
+def _same_code(fused: FusedMatch) -> tuple[str, ...]:
+    return tuple(without_block_number(node.path) for node in (fused.fused, *fused.parts))
+
+
 def diff_fused(step: int, fused: FusedMatch, tolerance: Tolerance, stored: StoredValues) -> list[CallDiff]:
     """One pair per part of a fused projection: the part against its columns of the fused output (with full
     values: side by side or per head, see compare/fused_layout.py), or the concatenation of the parts against the
     fused output (with statistics only)."""
+    return _diff_fused(step, fused, tolerance, stored)[0]
+
+
+def _diff_fused(
+    step: int, fused: FusedMatch, tolerance: Tolerance, stored: StoredValues, order: tuple[int, ...] | None = None
+) -> tuple[list[CallDiff], PartColumns | None]:
+    """:func:`diff_fused`, and the layout of the parts' columns found (in the parts' ``order``, when given) when
+    values were compared."""
     fused_out = _single(fused.fused)
     part_outs = [_single(part) for part in fused.parts]
     combined = concatenated_record(part_outs)
@@ -207,7 +254,7 @@ def diff_fused(step: int, fused: FusedMatch, tolerance: Tolerance, stored: Store
     layout = None
     if values is not None:
         rtol, atol = tolerance.for_dtypes(fused_out.dtype, part_outs[0].dtype)
-        layout = part_columns(values[0], values[1], rtol, atol)
+        layout = part_columns(values[0], values[1], rtol, atol, order)
     diffs = []
     for k, (part, part_out, offset) in enumerate(zip(fused.parts, part_outs, fused.offsets)):
         a, b = (fused.fused, part) if fused.fused_in_a else (part, fused.fused)
@@ -249,7 +296,7 @@ def diff_fused(step: int, fused: FusedMatch, tolerance: Tolerance, stored: Store
                 error=_error(a, b),
             )
         )
-    return diffs
+    return diffs, layout
 
 
 def _fused_values(
