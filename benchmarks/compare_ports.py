@@ -4,11 +4,11 @@ docs/compare.md.
     python -m benchmarks.compare_ports [--markdown FILE]
 
 The ports (tests/independent_llama.py, tests/independent_gpt2.py, tests/independent_vit.py,
-tests/independent_bert.py, tests/independent_neox.py) are written in styles unlike transformers' and
-take their weights from small transformers models with random weights. For every case (a faithful port, or one
-injected bug) and every value mode (``safetensors``, ``bundle``, and the default ``repr``, which compares by
-statistics), the original and the port are captured and compared without rename rules and with them. A faithful
-port scores when it compares equal; a bug scores when the module named is the one where the bug lives (by
+tests/independent_bert.py, tests/independent_neox.py, tests/independent_phi3.py) are written in styles unlike
+transformers' and take their weights from small transformers models with random weights. For every case (a faithful
+port, or one injected bug) and every value mode (``safetensors``, ``bundle``, and the default ``repr``, which
+compares by statistics), the original and the port are captured and compared without rename rules and with them. A
+faithful port scores when it compares equal; a bug scores when the module named is the one where the bug lives (by
 statistics alone, the parts of a fused projection cannot be told apart: their caller is the answer there).
 """
 
@@ -24,7 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import graphtrace  # noqa: E402
-from tests import independent_bert, independent_gpt2, independent_llama, independent_neox, independent_vit  # noqa: E402
+from tests import (  # noqa: E402
+    independent_bert,
+    independent_gpt2,
+    independent_llama,
+    independent_neox,
+    independent_phi3,
+    independent_vit,
+)
 from tests.independent_cases import (  # noqa: E402
     BERT_CASES,
     CASES,
@@ -48,6 +55,8 @@ def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fus
         return independent_bert.port_of(originals["bert"], bug=bug)
     if arch == "neox":
         return independent_neox.port_of(originals["neox"], bug=bug)
+    if arch == "phi3":
+        return independent_phi3.port_of(originals["phi3"], bug=bug)
     if arch == "gpt2-split":
         return independent_gpt2.split_port_of(originals["gpt2"], bug)
     return independent_gpt2.port_of(originals["gpt2"], bug=bug)
@@ -61,6 +70,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "vit": independent_vit.hf_vit(),
         "bert": independent_bert.hf_bert(),
         "neox": independent_neox.hf_neox(),
+        "phi3": independent_phi3.hf_phi3(),
     }
     rules = {
         "llama": independent_llama.RULES,
@@ -68,6 +78,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "vit": independent_vit.RULES,
         "bert": independent_bert.RULES,
         "neox": independent_neox.RULES,
+        "phi3": independent_phi3.RULES,
         "gpt2-split": (),
     }
     token_ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
@@ -78,12 +89,15 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     inputs["bert"] = ({"input_ids": bert_ids}, (bert_ids,))
     neox_ids = independent_neox.token_ids()
     inputs["neox"] = ({"input_ids": neox_ids}, (neox_ids,))
+    phi3_ids = independent_phi3.token_ids()
+    inputs["phi3"] = ({"input_ids": phi3_ids}, (phi3_ids,))
     inputs["gpt2-split"] = inputs["gpt2"]
-    faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False))
+    faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False), ("phi3", False))
     cases = [(arch, None, fused, None) for arch, fused in faithful]
     cases += [(arch, variant, False, None) for arch, variant in REORDERED]
     cases += list(CASES) + VIT_CASES + BERT_CASES
-    cases += SPLIT_CASES + NEOX_CASES + COMPOUND_CASES
+    cases += SPLIT_CASES + NEOX_CASES + COMPOUND_CASES + independent_phi3.CASES
+    stats_expected = {**STATS_EXPECTED, **independent_phi3.STATS_EXPECTED}
     rows = []
     for values in MODES:
         for arch in originals:  # gpt2-split's original is gpt2
@@ -111,7 +125,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
                     named = "equal" if result.equal else (first.b.path.partition(".")[2] if first else "?")
                 want = "equal" if expected is None else expected
                 if values == "repr":
-                    want = STATS_EXPECTED.get((arch, bug or ""), want)
+                    want = stats_expected.get((arch, bug or ""), want)
                 rows.append((name, values, "yes" if mapped else "no", named, want, named == want))
     return rows
 
