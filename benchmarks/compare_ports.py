@@ -95,8 +95,9 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False), ("phi3", False))
     cases = [(arch, None, fused, None) for arch, fused in faithful]
     cases += [(arch, variant, False, None) for arch, variant in REORDERED]
+    cases += [("phi3", variant, False, None) for variant in independent_phi3.VARIANTS]
     cases += list(CASES) + VIT_CASES + BERT_CASES
-    cases += SPLIT_CASES + NEOX_CASES + COMPOUND_CASES + independent_phi3.CASES
+    cases += SPLIT_CASES + NEOX_CASES + COMPOUND_CASES + independent_phi3.CASES + independent_phi3.COMPOUND_CASES
     stats_expected = {**STATS_EXPECTED, **independent_phi3.STATS_EXPECTED}
     rows = []
     for values in MODES:

@@ -28,7 +28,11 @@ BUGS = (
     "gelu",  # block 1's feed-forward gates with GELU where Phi-3 uses SiLU
     "tiled_kv_heads",  # key/value heads repeated by tiling (k0 k1 k0 k1) instead of in place (k0 k0 k1 k1)
     "eps",  # block 0's feed-forward norm with eps 1e-6 where the original uses 1e-5
+    "no_final_norm",  # the model's forward feeds the last block's output to the logits without the final norm
 )
+
+VARIANTS = ("up_first",)  # faithful, not a bug: every feed-forward computes w3 (up) before w1 (gate)
+# a variant and a bug together: ``"up_first+gate_up_swapped"``
 
 # --map: the port's names for the original's modules; the fused qkv_proj and gate_up_proj have no single counterpart
 RULES = (
@@ -98,26 +102,27 @@ class SelfAttention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, dim: int, hidden: int, gelu: bool) -> None:
+    def __init__(self, dim: int, hidden: int, gelu: bool, up_first: bool) -> None:
         super().__init__()
-        self.gelu = gelu
+        self.gelu, self.up_first = gelu, up_first
         self.w1 = nn.Linear(dim, hidden, bias=False)
         self.w2 = nn.Linear(hidden, dim, bias=False)
         self.w3 = nn.Linear(dim, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        up = self.w3(x) if self.up_first else None  # the two projections are independent: either may run first
         gate = self.w1(x)
         gate = F.gelu(gate) if self.gelu else gate * torch.sigmoid(gate)
-        return self.w2(gate * self.w3(x))
+        return self.w2(gate * (self.w3(x) if up is None else up))
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, c: dict, bug: str | None) -> None:  # type: ignore[type-arg]
+    def __init__(self, c: dict, bug: str | None, up_first: bool) -> None:  # type: ignore[type-arg]
         super().__init__()
         self.pre_attn = RootMeanSquare(c["dim"], c["eps"])
         self.attn = SelfAttention(c["dim"], c["heads"], c["kv_heads"], bug == "tiled_kv_heads")
         self.pre_ffn = RootMeanSquare(c["dim"], 1e-6 if bug == "eps" else c["eps"])
-        self.ffn = SwiGLU(c["dim"], c["hidden"], bug == "gelu")
+        self.ffn = SwiGLU(c["dim"], c["hidden"], bug == "gelu", up_first)
         self.resid_drop = nn.Dropout(0.0)
 
     def forward(self, x: torch.Tensor, turns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -126,14 +131,16 @@ class TransformerBlock(nn.Module):
 
 
 class Phi3(nn.Module):
-    def __init__(self, c: dict, bug: str | None = None) -> None:  # type: ignore[type-arg]
+    def __init__(self, c: dict, bug: str | None = None, up_first: bool = False) -> None:  # type: ignore[type-arg]
         super().__init__()
         self.tok_emb = nn.Embedding(c["vocab"], c["dim"])
         self.emb_drop = nn.Dropout(0.0)
         self.blocks = nn.ModuleList(
-            TransformerBlock(c, bug if BUGGY_BLOCK.get(bug or "", i) == i else None) for i in range(c["layers"])
+            TransformerBlock(c, bug if BUGGY_BLOCK.get(bug or "", i) == i else None, up_first)
+            for i in range(c["layers"])
         )
         self.out_norm = RootMeanSquare(c["dim"], c["eps"])
+        self.final_norm = bug != "no_final_norm"
         self.logits = nn.Linear(c["dim"], c["vocab"], bias=False)
         rot = c["rotary"]
         theta = 500000.0 if bug == "rope_theta" else c["theta"]
@@ -147,7 +154,7 @@ class Phi3(nn.Module):
         x = self.emb_drop(self.tok_emb(tokens))
         for block in self.blocks:
             x = block(x, self.turns[:T], mask)
-        return self.logits(self.out_norm(x))
+        return self.logits(self.out_norm(x) if self.final_norm else x)
 
 
 def hf_phi3(layers: int = 3, seed: int = 0):  # type: ignore[no-untyped-def]
@@ -186,7 +193,12 @@ def _interleaved(rows: torch.Tensor, heads: int, rotary: int) -> torch.Tensor:
 
 
 def port_of(hf, bug: str | None = None) -> Phi3:  # type: ignore[no-untyped-def]
-    """The port of ``hf`` (transformers' Phi3ForCausalLM) with its weights cut and copied."""
+    """The port of ``hf`` (transformers' Phi3ForCausalLM) with its weights cut and copied; ``bug`` may name a
+    variant, or a variant and a bug together (``"up_first+gate_up_swapped"``)."""
+    variant, _, bug = (bug or "").rpartition("+")
+    if bug in VARIANTS:
+        variant, bug = bug, ""
+    bug = bug or None
     cfg = hf.config
     head = cfg.hidden_size // cfg.num_attention_heads
     rotary = int(head * cfg.rope_parameters.get("partial_rotary_factor", 1.0))
@@ -202,7 +214,7 @@ def port_of(hf, bug: str | None = None) -> Phi3:  # type: ignore[no-untyped-def]
         "rotary": rotary,
         "max_len": cfg.max_position_embeddings,
     }
-    port = Phi3(c, bug)
+    port = Phi3(c, bug, up_first=variant == "up_first")
     q_rows, kv_rows = c["heads"] * head, c["kv_heads"] * head
     with torch.no_grad():
         port.tok_emb.weight.copy_(hf.model.embed_tokens.weight)
@@ -240,10 +252,30 @@ CASES = [
     ("phi3", "gelu", False, "blocks.1.ffn"),
     ("phi3", "tiled_kv_heads", False, "blocks.0.attn"),
     ("phi3", "eps", False, "blocks.0.pre_ffn"),
+    ("phi3", "no_final_norm", False, ""),  # "": the model's own code
 ]
+
+# a faithful re-ordering and a bug in the same port: the order of gate and up the agreeing blocks show decides; w3
+# (holding the gate's rows) runs first
+COMPOUND_CASES = [("phi3", "up_first+gate_up_swapped", False, "blocks.2.ffn.w3")]
 
 # what only statistics can tell: the parts of a fused call are compared as a whole, so the port's module that calls
 # them is the most precise answer there is
-STATS_EXPECTED = {("phi3", "kv_swapped"): "blocks.1.attn", ("phi3", "gate_up_swapped"): "blocks.2.ffn"}
+STATS_EXPECTED = {
+    ("phi3", "kv_swapped"): "blocks.1.attn",
+    ("phi3", "gate_up_swapped"): "blocks.2.ffn",
+    ("phi3", "up_first+gate_up_swapped"): "blocks.2.ffn",
+}
 
-__all__ = ["BUGS", "CASES", "RULES", "STATS_EXPECTED", "Phi3", "hf_phi3", "port_of", "token_ids"]
+__all__ = [
+    "BUGS",
+    "CASES",
+    "COMPOUND_CASES",
+    "RULES",
+    "STATS_EXPECTED",
+    "VARIANTS",
+    "Phi3",
+    "hf_phi3",
+    "port_of",
+    "token_ids",
+]

@@ -36,6 +36,7 @@ def test_the_port_is_faithful_and_each_bug_changes_the_output(original: torch.nn
     with torch.no_grad():
         reference = original(input_ids=ids).logits
         assert torch.allclose(independent_phi3.port_of(original)(ids), reference, atol=1e-5)
+        assert torch.allclose(independent_phi3.port_of(original, "up_first")(ids), reference, atol=1e-5)
         for bug in independent_phi3.BUGS:
             moved = (independent_phi3.port_of(original, bug)(ids) - reference).abs().max()
             assert moved.item() > 1e-5, bug
@@ -43,10 +44,11 @@ def test_the_port_is_faithful_and_each_bug_changes_the_output(original: torch.nn
 
 @pytest.mark.parametrize("values", MODES)
 @pytest.mark.parametrize("mapped", [False, True], ids=["structure", "rules"])
+@pytest.mark.parametrize("variant", [None, *independent_phi3.VARIANTS])
 def test_a_faithful_port_of_fused_projections_compares_equal(
-    captured: Callable[..., tuple[Path, Path]], values: str, mapped: bool
+    captured: Callable[..., tuple[Path, Path]], values: str, mapped: bool, variant: str | None
 ) -> None:
-    a, b = captured(None, values)
+    a, b = captured(variant, values)
     result = graphtrace.compare(a, b, rules=independent_phi3.RULES if mapped else ())
     assert result.equal, result.table()
     fused = {call.b.path.rpartition(".")[2] for call in result.calls if call.how == "fused"}
@@ -59,7 +61,10 @@ def _expected(bug: str, values: str, expected: str) -> str:
 
 @pytest.mark.parametrize("values", MODES)
 @pytest.mark.parametrize("mapped", [False, True], ids=["structure", "rules"])
-@pytest.mark.parametrize(("bug", "expected"), [(bug, expected) for _, bug, _, expected in independent_phi3.CASES])
+@pytest.mark.parametrize(
+    ("bug", "expected"),
+    [(bug, expected) for _, bug, _, expected in independent_phi3.CASES + independent_phi3.COMPOUND_CASES],
+)
 def test_each_bug_is_named_in_the_ports_terms(
     captured: Callable[..., tuple[Path, Path]], values: str, mapped: bool, bug: str, expected: str
 ) -> None:
