@@ -30,6 +30,7 @@ from tests import (  # noqa: E402
     independent_llama,
     independent_moe,
     independent_neox,
+    independent_phi3,
     independent_vit,
 )
 from tests.independent_cases import (  # noqa: E402
@@ -57,6 +58,8 @@ def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fus
         return independent_neox.port_of(originals["neox"], bug=bug)
     if arch == "moe":
         return independent_moe.port_of(originals["moe"], bug=bug)
+    if arch == "phi3":
+        return independent_phi3.port_of(originals["phi3"], bug=bug)
     if arch == "gpt2-split":
         return independent_gpt2.split_port_of(originals["gpt2"], bug)
     if arch == "llama-lean":
@@ -72,6 +75,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "vit": independent_vit.hf_vit(),
         "bert": independent_bert.hf_bert(),
         "neox": independent_neox.hf_neox(),
+        "phi3": independent_phi3.hf_phi3(),
         "moe": independent_moe.hf_mixtral(),
     }
     rules = {
@@ -80,6 +84,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "vit": independent_vit.RULES,
         "bert": independent_bert.RULES,
         "neox": independent_neox.RULES,
+        "phi3": independent_phi3.RULES,
         "moe": independent_moe.RULES,
         "gpt2-split": (),
         "llama-lean": independent_lean_llama.RULES,
@@ -93,14 +98,18 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     neox_ids = independent_neox.token_ids()
     inputs["neox"] = ({"input_ids": neox_ids}, (neox_ids,))
     inputs["moe"] = independent_moe.inputs(independent_moe.token_ids())
+    phi3_ids = independent_phi3.token_ids()
+    inputs["phi3"] = ({"input_ids": phi3_ids}, (phi3_ids,))
     inputs["gpt2-split"] = inputs["gpt2"]
     inputs["llama-lean"] = inputs["llama"]
     faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False), ("moe", False))
-    faithful += (("llama-lean", False),)
+    faithful += (("llama-lean", False), ("phi3", False))
     cases = [(arch, None, fused, None) for arch, fused in faithful]
     cases += [(arch, variant, False, None) for arch, variant in REORDERED]
+    cases += [("phi3", variant, False, None) for variant in independent_phi3.VARIANTS]
     cases += list(CASES) + VIT_CASES + BERT_CASES
     cases += SPLIT_CASES + NEOX_CASES + COMPOUND_CASES + independent_moe.CASES + independent_lean_llama.CASES
+    cases += independent_phi3.CASES + independent_phi3.COMPOUND_CASES
     rows = []
     for values in MODES:
         for arch in originals:  # gpt2-split's original is gpt2
@@ -132,6 +141,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
                         **STATS_EXPECTED,
                         **independent_moe.STATS_EXPECTED,
                         **independent_lean_llama.STATS_EXPECTED,
+                        **independent_phi3.STATS_EXPECTED,
                     }
                     want = stats_expected.get((arch, bug or ""), want)
                 rows.append((name, values, "yes" if mapped else "no", named, want, named == want))

@@ -269,3 +269,20 @@ def test_parts_are_found_in_one_row_with_non_finite_values_and_in_another_order(
     for part, columns in zip((v, k, q), layout.columns):
         assert torch.equal(fused.index_select(-1, columns).nan_to_num(), part.nan_to_num())
     assert layout.where(2) == "[..., 0:4 of each of 4 head groups]"
+
+
+def test_a_layout_taught_elsewhere_keeps_two_swapped_parts_apart() -> None:
+    """k's rows loaded as v's and v's as k's (grouped-query: the same width) agree with the fused output's columns in
+    another order; the layout the same projection showed in another block sets each part against the columns its
+    code treats as its own, the grouping included."""
+    torch.manual_seed(3)
+    q, k, v = torch.randn(2, 5, 32), torch.randn(2, 5, 16), torch.randn(2, 5, 16)
+    fused = _fused_per_group([q, k, v], 2)
+    taught = part_columns(fused, [q, k, v], rtol=1.3e-6, atol=1e-5)
+    found = part_columns(fused, [q, v, k], rtol=1.3e-6, atol=1e-5)
+    assert taught.proven and found.proven and taught.key != found.key
+    assert taught.groups == found.groups == 2
+    imposed = taught.like([32, 16, 16], fused)
+    assert imposed is not None and imposed.key == taught.key
+    assert torch.equal(fused.index_select(-1, imposed.columns[1]), k)  # the part loaded as v: against k's columns
+    assert taught.like([32, 32], fused) is None  # another projection's parts

@@ -546,10 +546,15 @@ def _child_order(
 def _same_code(a: CallNode, b: CallNode, children_a: Sequence[int], children_b: Sequence[int]) -> tuple[object, ...]:
     """What two paired containers share with the same pair of modules in another block: their paths with block
     numbers left out, and how many calls they make."""
-    return (_BLOCK_NUMBER.sub(".#", a.path), _BLOCK_NUMBER.sub(".#", b.path), len(children_a), len(children_b))
+    return (without_block_number(a.path), without_block_number(b.path), len(children_a), len(children_b))
 
 
 _BLOCK_NUMBER = re.compile(r"\.\d+(?=\.|$)")
+
+
+def without_block_number(path: str) -> str:
+    """``path`` with its block numbers left out (``model.layers.#.mlp``): the same code in every block."""
+    return _BLOCK_NUMBER.sub(".#", path)
 
 
 def _fit(a: CallNode, b: CallNode) -> bool:
