@@ -4,12 +4,12 @@ docs/compare.md.
     python -m benchmarks.compare_ports [--markdown FILE]
 
 The ports (tests/independent_llama.py, tests/independent_gpt2.py, tests/independent_vit.py,
-tests/independent_bert.py, tests/independent_neox.py) are written in styles unlike transformers' and
-take their weights from small transformers models with random weights. For every case (a faithful port, or one
-injected bug) and every value mode (``safetensors``, ``bundle``, and the default ``repr``, which compares by
-statistics), the original and the port are captured and compared without rename rules and with them. A faithful
-port scores when it compares equal; a bug scores when the module named is the one where the bug lives (by
-statistics alone, the parts of a fused projection cannot be told apart: their caller is the answer there).
+tests/independent_bert.py, tests/independent_neox.py, tests/independent_t5.py) are written in styles unlike
+transformers' and take their weights from small transformers models with random weights. For every case (a
+faithful port, or one injected bug) and every value mode (``safetensors``, ``bundle``, and the default ``repr``,
+which compares by statistics), the original and the port are captured and compared without rename rules and with
+them. A faithful port scores when it compares equal; a bug scores when the module named is the one where the bug
+lives (by statistics alone, the parts of a fused projection cannot be told apart: their caller is the answer there).
 """
 
 from __future__ import annotations
@@ -24,7 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import graphtrace  # noqa: E402
-from tests import independent_bert, independent_gpt2, independent_llama, independent_neox, independent_vit  # noqa: E402
+from tests import (  # noqa: E402
+    independent_bert,
+    independent_gpt2,
+    independent_llama,
+    independent_neox,
+    independent_t5,
+    independent_vit,
+)
 from tests.independent_cases import (  # noqa: E402
     BERT_CASES,
     CASES,
@@ -48,6 +55,8 @@ def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fus
         return independent_bert.port_of(originals["bert"], bug=bug)
     if arch == "neox":
         return independent_neox.port_of(originals["neox"], bug=bug)
+    if arch == "t5":
+        return independent_t5.port_of(originals["t5"], bug=bug)
     if arch == "gpt2-split":
         return independent_gpt2.split_port_of(originals["gpt2"], bug)
     return independent_gpt2.port_of(originals["gpt2"], bug=bug)
@@ -61,6 +70,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "vit": independent_vit.hf_vit(),
         "bert": independent_bert.hf_bert(),
         "neox": independent_neox.hf_neox(),
+        "t5": independent_t5.hf_t5(),
     }
     rules = {
         "llama": independent_llama.RULES,
@@ -68,6 +78,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "vit": independent_vit.RULES,
         "bert": independent_bert.RULES,
         "neox": independent_neox.RULES,
+        "t5": independent_t5.RULES,
         "gpt2-split": (),
     }
     token_ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
@@ -78,12 +89,14 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     inputs["bert"] = ({"input_ids": bert_ids}, (bert_ids,))
     neox_ids = independent_neox.token_ids()
     inputs["neox"] = ({"input_ids": neox_ids}, (neox_ids,))
+    t5_ids, t5_target = independent_t5.inputs()
+    inputs["t5"] = (independent_t5.hf_inputs(t5_ids, t5_target), (t5_ids, t5_target))
     inputs["gpt2-split"] = inputs["gpt2"]
-    faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False))
+    faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False), ("t5", False))
     cases = [(arch, None, fused, None) for arch, fused in faithful]
     cases += [(arch, variant, False, None) for arch, variant in REORDERED]
     cases += list(CASES) + VIT_CASES + BERT_CASES
-    cases += SPLIT_CASES + NEOX_CASES + COMPOUND_CASES
+    cases += SPLIT_CASES + NEOX_CASES + COMPOUND_CASES + independent_t5.CASES
     rows = []
     for values in MODES:
         for arch in originals:  # gpt2-split's original is gpt2
