@@ -31,6 +31,7 @@ from tests import (  # noqa: E402
     independent_moe,
     independent_neox,
     independent_phi3,
+    independent_t5,
     independent_vit,
 )
 from tests.independent_cases import (  # noqa: E402
@@ -58,6 +59,8 @@ def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fus
         return independent_neox.port_of(originals["neox"], bug=bug)
     if arch == "moe":
         return independent_moe.port_of(originals["moe"], bug=bug)
+    if arch == "t5":
+        return independent_t5.port_of(originals["t5"], bug=bug)
     if arch == "phi3":
         return independent_phi3.port_of(originals["phi3"], bug=bug)
     if arch == "gpt2-split":
@@ -76,6 +79,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "bert": independent_bert.hf_bert(),
         "neox": independent_neox.hf_neox(),
         "phi3": independent_phi3.hf_phi3(),
+        "t5": independent_t5.hf_t5(),
         "moe": independent_moe.hf_mixtral(),
     }
     rules = {
@@ -85,6 +89,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "bert": independent_bert.RULES,
         "neox": independent_neox.RULES,
         "phi3": independent_phi3.RULES,
+        "t5": independent_t5.RULES,
         "moe": independent_moe.RULES,
         "gpt2-split": (),
         "llama-lean": independent_lean_llama.RULES,
@@ -100,16 +105,18 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     inputs["moe"] = independent_moe.inputs(independent_moe.token_ids())
     phi3_ids = independent_phi3.token_ids()
     inputs["phi3"] = ({"input_ids": phi3_ids}, (phi3_ids,))
+    t5_ids, t5_target = independent_t5.inputs()
+    inputs["t5"] = (independent_t5.hf_inputs(t5_ids, t5_target), (t5_ids, t5_target))
     inputs["gpt2-split"] = inputs["gpt2"]
     inputs["llama-lean"] = inputs["llama"]
     faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False), ("moe", False))
-    faithful += (("llama-lean", False), ("phi3", False))
+    faithful += (("llama-lean", False), ("phi3", False), ("t5", False))
     cases = [(arch, None, fused, None) for arch, fused in faithful]
     cases += [(arch, variant, False, None) for arch, variant in REORDERED]
     cases += [("phi3", variant, False, None) for variant in independent_phi3.VARIANTS]
     cases += list(CASES) + VIT_CASES + BERT_CASES
     cases += SPLIT_CASES + NEOX_CASES + COMPOUND_CASES + independent_moe.CASES + independent_lean_llama.CASES
-    cases += independent_phi3.CASES + independent_phi3.COMPOUND_CASES
+    cases += independent_phi3.CASES + independent_phi3.COMPOUND_CASES + independent_t5.CASES
     rows = []
     for values in MODES:
         for arch in originals:  # gpt2-split's original is gpt2
@@ -142,6 +149,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
                         **independent_moe.STATS_EXPECTED,
                         **independent_lean_llama.STATS_EXPECTED,
                         **independent_phi3.STATS_EXPECTED,
+                        **independent_t5.STATS_EXPECTED,
                     }
                     want = stats_expected.get((arch, bug or ""), want)
                 rows.append((name, values, "yes" if mapped else "no", named, want, named == want))

@@ -628,6 +628,59 @@ def _drop_crossed_boundaries(
     return dropped
 
 
+def _moved_leaves(
+    found: dict[int, tuple[int, MatchKind]],
+    a_calls: Sequence[CallNode],
+    b_calls: Sequence[CallNode],
+    reserved: tuple[set[int], set[int]],
+) -> None:
+    """Pair leaves that one implementation calls in another container than the other (T5's relative position bias,
+    computed in the first block's attention, and a port's, computed once in the stack): no order-preserving pass
+    reaches them, since each lies in a gap the other's does not. Inside the innermost pair of matched containers
+    that holds both, a leaf of A pairs with a leaf of B of the same module type, input and output shapes when each
+    is the only unmatched one of its kind there. Calls that return what they were given (dropouts) never pair so:
+    where they sit says nothing. ``a_calls`` and ``b_calls`` are in pre-order (``walk``)."""
+    end_a, end_b = _subtree_ends(a_calls), _subtree_ends(b_calls)
+    matched_b = {j for j, _ in found.values()}
+
+    def loose(calls: Sequence[CallNode], taken: Iterable[int], skip: set[int]) -> dict[tuple[object, ...], list[int]]:
+        """The unmatched leaves of one side by kind (module type, input and output shapes), in pre-order."""
+        by_kind: dict[tuple[object, ...], list[int]] = defaultdict(list)
+        taken = set(taken) | skip
+        for k, node in enumerate(calls):
+            if node.kind == "module" and node.leaf and node.type_name and k not in taken and not _passes_through(node):
+                signature = _Signature(node)
+                by_kind[(node.type_name, signature.key, signature.out_shapes)].append(k)
+        return by_kind
+
+    loose_a, loose_b = loose(a_calls, found, reserved[0]), loose(b_calls, matched_b, reserved[1])
+    if not loose_a.keys() & loose_b.keys():
+        return
+    kind_a = {k: key for key, positions in loose_a.items() for k in positions}
+    stack: list[int] = []  # A's containers open at each position of the pre-order walk
+    for i, node in enumerate(a_calls):
+        while stack and end_a[stack[-1]] < i:
+            stack.pop()
+        if not node.leaf:
+            stack.append(i)
+            continue
+        want = kind_a.get(i)
+        if want is None or want not in loose_b:
+            continue
+        for scope in reversed(stack):  # the innermost pair of matched containers that holds a candidate in B
+            if scope not in found or b_calls[found[scope][0]].leaf:
+                continue
+            lo_b = found[scope][0]
+            same_b = [k for k in loose_b[want] if lo_b < k <= end_b[lo_b] and k not in matched_b]
+            if not same_b:
+                continue
+            same_a = [k for k in loose_a[want] if scope < k <= end_a[scope] and k not in found]
+            if same_a == [i] and len(same_b) == 1:
+                found[i] = (same_b[0], "structure")
+                matched_b.add(same_b[0])
+            break
+
+
 def _subtree_ends(calls: Sequence[CallNode]) -> list[int]:
     """For each call of a pre-order walk, the position of the last call inside it (itself for a leaf)."""
     ends = list(range(len(calls)))
@@ -704,6 +757,8 @@ def align_calls(
     )
     if mode != "path":
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=False, reserved=reserved)
+    if mode != "path":
+        _moved_leaves(found, a_calls, b_calls, reserved)
     if _drop_crossed_boundaries(found, a_calls, b_calls, fused) and mode != "path":
         # the unpaired containers no longer cut the gaps: what they kept apart may pair now (then check again)
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=False, reserved=reserved)

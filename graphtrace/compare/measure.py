@@ -571,5 +571,57 @@ def measure(
         return _from_values(values[0], values[1], base, normwise=tolerance.atol is None)
     if a.stats is not None and b.stats is not None:
         return _from_stats(a, b, base)
+    if a.stats is None and b.stats is None:
+        whole = _repr_integers(a), _repr_integers(b)
+        if whole[0] is not None and whole[1] is not None:
+            return _from_integers(whole[0], whole[1], base)
+        if _comparable_integer_sketches(a, b):
+            apart = _sketches_apart(a, b, 0.0, 0.0)
+            status: Status = "equal" if apart is None else "diverged"
+            reason = "" if apart is None else apart.partition(" (")[0] + " (the value fingerprint of integers)"
+            return TensorDiff(**base, basis="stats", status=status, reason=reason)
     reason = "" if a.stats is None and b.stats is None else f"no statistics in {'A' if a.stats is None else 'B'}"
     return TensorDiff(**base, basis="none", status="unchecked", reason=reason)
+
+
+# -- integers from their repr lines ----------------------------------------------------------------------------------
+
+_INTEGER = re.compile(r"-?\d+|True|False")
+_INTEGER_DTYPES = {f"torch.{kind}{bits}" for kind in ("int", "uint") for bits in (8, 16, 32, 64)} | {"torch.bool"}
+
+
+def _repr_integers(record: TensorRecord) -> list[int] | None:
+    """Every element of an integer or boolean tensor, read from its repr lines (``values="repr"``), or None when
+    the repr does not hold them all (torch summarises a large tensor with ``...``) or there is none."""
+    if record.dtype not in _INTEGER_DTYPES or not record.value:
+        return None
+    text = "\n".join(record.value)
+    if "..." in text or not text.startswith("tensor("):
+        return None
+    body = text[len("tensor(") :]
+    body = body[: body.rindex("]") + 1] if "[" in body else re.split(r"[,)]", body, maxsplit=1)[0]
+    numbers = [1 if word == "True" else 0 if word == "False" else int(word) for word in _INTEGER.findall(body)]
+    return numbers if len(numbers) == record.numel else None
+
+
+def _comparable_integer_sketches(a: TensorRecord, b: TensorRecord) -> bool:
+    """Both integer (or boolean) tensors with value fingerprints laid out alike: compared exactly."""
+    return (
+        a.dtype in _INTEGER_DTYPES
+        and b.dtype in _INTEGER_DTYPES
+        and a.sketch is not None
+        and b.sketch is not None
+        and len(a.sketch) == len(b.sketch)
+        and a.numel == b.numel
+        and a.shape[-1:] == b.shape[-1:]
+    )
+
+
+def _from_integers(a: list[int], b: list[int], base: dict[str, Any]) -> TensorDiff:
+    """Two integer tensors compared exactly, element by element (ids, positions, buckets)."""
+    apart = [abs(y - x) for x, y in zip(a, b) if x != y]
+    largest = float(max(apart, default=0))
+    if not apart:
+        return TensorDiff(**base, basis="values", status="equal", max_abs=0.0, outside=0)
+    reason = f"{len(apart)} of {len(a)} elements differ (integers, read from their repr), max |Δ| {largest:.3g}"
+    return TensorDiff(**base, basis="values", status="diverged", max_abs=largest, outside=len(apart), reason=reason)

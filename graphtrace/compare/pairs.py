@@ -88,7 +88,9 @@ def _pair(
     taken: set[int] = set()
     for item in a_items:
         k = by_name.get(item[0])
-        if k is None:
+        # an input passed at the same place but of another shape is another quantity (a port passing a bias where
+        # the original passes a mask): it stays apart, as an extra argument; an output is reported
+        if k is None or not any_shape and squeezed(rest_b[k][1].shape) != squeezed(item[1].shape):
             rest_a.append(item)
         else:
             pairs.append((item, rest_b[k]))

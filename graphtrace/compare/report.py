@@ -84,11 +84,14 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
     for call in module_calls.values():
         b_counterparts.setdefault(call.b.path, set()).add(call.a.path)
 
+    b_calls = {id(call.b): call for call in module_calls.values()}
+
     def visit(node: CallNode, outer: CallDiff | None) -> Divergence | None:
         here = module_calls.get(id(node))
         if here is not None and not here.inputs_agree:
             if outer is None:
                 return None  # different inputs to the whole model: not a porting question
+            outer = _b_caller(outer, here, b_tree, b_calls)
             before = _short_name(here)
             changed = next((d for d in here.inputs if d.status == "diverged"), None)
             detail = f"{changed.name_b}: {changed.reason}" if changed is not None else here.reason
@@ -142,6 +145,18 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
         return None
     why = "its inputs agree, its output does not" if legacy.inputs_agree else "its inputs already differ"
     return Divergence(legacy, False, f"{_short_name(legacy)}: {why} ({legacy.reason})")
+
+
+def _b_caller(outer: CallDiff, here: CallDiff, b_tree: _BTree, b_calls: dict[int, CallDiff]) -> CallDiff:
+    """Whose own code handed ``here`` its differing inputs: ``outer`` (A's nearest matched caller) when B calls
+    ``here`` from inside ``outer``'s counterpart too, else B's nearest matched caller of it, whose inputs agree (the
+    two implementations call the module from different places: T5 computes its relative position bias in the first
+    block's attention, a port in the stack)."""
+    above = b_tree.ancestors(here.b)
+    if not above or any(node is outer.b for node in above):
+        return outer
+    caller = next((b_calls[id(node)] for node in above if id(node) in b_calls), None)
+    return caller if caller is not None and caller.inputs_agree else outer
 
 
 def _fused_by_statistics(here: CallDiff, parts: Sequence[CallDiff], b_tree: _BTree) -> Divergence:

@@ -386,8 +386,9 @@ class Recorder:
         produced: bool,
         dtensor: DTensorInfo | None,
     ) -> TensorRecord:
-        # a fingerprint of what calls return (what a diff compares), not of every argument
-        sketch = produced and self.sketches
+        # a fingerprint of what calls return (what a diff compares), not of every argument; but of integer arguments
+        # too (ids, positions, a relative position's buckets): few and small, and their only fingerprint
+        sketch = self.sketches and (produced or _integral(tensor.dtype))
         seen = self._remember(tensor, sketch)
         if sketch and seen.record.sketch is None and seen.record.stats is not None:  # met before as an argument
             seen.record = seen.record.with_sketch(row_sketch(tensor))
@@ -472,5 +473,10 @@ def _record(tensor: torch.Tensor, summary: TensorSummary | None = None, *, sketc
         None,  # value
         None,  # file
         None,  # dtensor
-        row_sketch(tensor) if sketch and stats is not None else None,
+        row_sketch(tensor) if sketch and (stats is not None or _integral(dtype)) else None,
     )
+
+
+def _integral(dtype: torch.dtype) -> bool:
+    """An integer or boolean dtype: no statistics, but a fingerprint (see row_sketch)."""
+    return not dtype.is_floating_point and not dtype.is_complex

@@ -185,8 +185,10 @@ def _groups(shape: torch.Size) -> int:
 
 
 def row_sketch(tensor: torch.Tensor) -> tuple[float, ...] | None:
-    """The value fingerprint of ``tensor`` (see TensorRecord.sketch), or None for a tensor without statistics."""
-    if not tensor.dtype.is_floating_point or tensor.layout != torch.strided or tensor.is_meta:
+    """The value fingerprint of ``tensor`` (see TensorRecord.sketch), or None for a complex tensor, a sparse or meta
+    one. Integer and boolean tensors (ids, positions) have no statistics, but a fingerprint, summed in float64: for
+    them it is exact."""
+    if tensor.dtype.is_complex or tensor.layout != torch.strided or tensor.is_meta:
         return None
     groups = _groups(tensor.shape)
     if not groups:
@@ -199,7 +201,9 @@ def row_sketch(tensor: torch.Tensor) -> tuple[float, ...] | None:
 
 def _sketch(tensor: torch.Tensor, groups: int) -> tuple[float, ...]:
     grouped = tensor.reshape(groups, -1)
-    if grouped.dtype != torch.float32 and grouped.dtype != torch.float64:
+    if not grouped.dtype.is_floating_point:
+        grouped = grouped.double()
+    elif grouped.dtype != torch.float32 and grouped.dtype != torch.float64:
         grouped = grouped.float()
     sums = grouped.sum(1).tolist()
     sums += (grouped * grouped).sum(1).tolist()  # read apart: no third tensor to join them in
