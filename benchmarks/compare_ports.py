@@ -31,6 +31,7 @@ from tests import (  # noqa: E402
     independent_moe,
     independent_neox,
     independent_phi3,
+    independent_seq_first,
     independent_t5,
     independent_vit,
 )
@@ -59,6 +60,8 @@ def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fus
         return independent_neox.port_of(originals["neox"], bug=bug)
     if arch == "moe":
         return independent_moe.port_of(originals["moe"], bug=bug)
+    if arch == "seq-first":
+        return independent_seq_first.port_of(originals["seq"], bug)
     if arch == "t5":
         return independent_t5.port_of(originals["t5"], bug=bug)
     if arch == "phi3":
@@ -80,6 +83,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "neox": independent_neox.hf_neox(),
         "phi3": independent_phi3.hf_phi3(),
         "t5": independent_t5.hf_t5(),
+        "seq": independent_llama.hf_llama(),  # the Llama again, given a batch of two
         "moe": independent_moe.hf_mixtral(),
     }
     rules = {
@@ -90,6 +94,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "neox": independent_neox.RULES,
         "phi3": independent_phi3.RULES,
         "t5": independent_t5.RULES,
+        "seq-first": independent_seq_first.RULES,
         "moe": independent_moe.RULES,
         "gpt2-split": (),
         "llama-lean": independent_lean_llama.RULES,
@@ -107,16 +112,19 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     inputs["phi3"] = ({"input_ids": phi3_ids}, (phi3_ids,))
     t5_ids, t5_target = independent_t5.inputs()
     inputs["t5"] = (independent_t5.hf_inputs(t5_ids, t5_target), (t5_ids, t5_target))
+    batch = independent_seq_first.token_ids()
+    inputs["seq"] = inputs["seq-first"] = ({"input_ids": batch}, (batch,))
     inputs["gpt2-split"] = inputs["gpt2"]
     inputs["llama-lean"] = inputs["llama"]
     faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False), ("moe", False))
-    faithful += (("llama-lean", False), ("phi3", False), ("t5", False))
+    faithful += (("llama-lean", False), ("phi3", False), ("t5", False), ("seq-first", False))
     cases = [(arch, None, fused, None) for arch, fused in faithful]
     cases += [(arch, variant, False, None) for arch, variant in REORDERED]
     cases += [("phi3", variant, False, None) for variant in independent_phi3.VARIANTS]
     cases += list(CASES) + VIT_CASES + BERT_CASES
     cases += SPLIT_CASES + NEOX_CASES + COMPOUND_CASES + independent_moe.CASES + independent_lean_llama.CASES
     cases += independent_phi3.CASES + independent_phi3.COMPOUND_CASES + independent_t5.CASES
+    cases += independent_seq_first.CASES
     rows = []
     for values in MODES:
         for arch in originals:  # gpt2-split's original is gpt2

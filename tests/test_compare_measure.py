@@ -73,9 +73,12 @@ def test_values_nan_and_inf_agree_only_with_themselves() -> None:
 
 
 def test_shapes_and_missing_statistics() -> None:
-    a, b = _record(None, shape=(2, 3)), _record(None, shape=(3, 2))
+    a, b = _record(None, shape=(2, 3)), _record(None, shape=(3, 3))
     shape = measure("outputs", a, "outputs_0", b, Tolerance())
-    assert shape.status == "diverged" and shape.reason == "shape [2, 3] vs [3, 2]" and shape.basis == "none"
+    assert shape.status == "diverged" and shape.reason == "shape [2, 3] vs [3, 3]" and shape.basis == "none"
+    a, b = _record(None, shape=(2, 2, 3)), _record(None, shape=(2, 3, 2))  # which 2 is which cannot be told
+    shape = measure("outputs", a, "outputs_0", b, Tolerance())
+    assert shape.status == "diverged" and shape.reason == "shape [2, 2, 3] vs [2, 3, 2]"
     ints = measure(
         "inputs_args_0",
         _record(None, dtype="torch.int64"),
@@ -138,3 +141,26 @@ def test_an_element_near_zero_may_differ_by_rounding_of_the_tensors_large_elemen
     assert measure("outputs", record, "outputs", record, explicit, (a, b)).status == "diverged"
     b[2] += 2**-4  # beyond 1.6e-2 of the largest magnitude
     assert measure("outputs", record, "outputs", record, Tolerance(), (a, b)).status == "diverged"
+
+
+def test_the_same_dims_in_another_order_compare_as_one_layout() -> None:
+    """A Megatron style port keeps activations [T, B, D] where the original keeps [B, T, D]: its values, laid out as
+    the original's, are compared, and a difference is still found; statistics do not depend on the order."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 4)
+    a, b = _record(_stats(x), shape=(2, 5, 4)), _record(_stats(x), shape=(5, 2, 4))
+    same = measure("outputs", a, "outputs", b, Tolerance(), (x, x.transpose(0, 1).contiguous()))
+    assert same.status == "equal" and same.basis == "values", same
+    assert same.equivalence == "shapes [2, 5, 4] and [5, 2, 4]: the same dims in another order"
+    moved = x.transpose(0, 1).contiguous()
+    moved[3, 1, 2] += 1.0
+    assert measure("outputs", a, "outputs", b, Tolerance(), (x, moved)).outside == 1
+    # a transpose is not the identity: the same values in the order they lie in memory differ
+    assert measure("outputs", a, "outputs", b, Tolerance(), (x, x.reshape(5, 2, 4))).status == "diverged"
+    assert measure("outputs", a, "outputs", b, Tolerance()).status == "equal"  # by statistics
+    channels_first = _record(_stats(x), shape=(2, 4, 5))
+    assert measure("outputs", a, "outputs", channels_first, Tolerance(), (x, x.transpose(1, 2))).status == "equal"
+
+
+def _stats(x: torch.Tensor) -> Stats:
+    return Stats(x.mean().item(), x.std().item(), x.min().item(), x.max().item())

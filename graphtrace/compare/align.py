@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from graphtrace.compare.fused import FusedMatch, find_fused
-from graphtrace.compare.measure import StatPoint, Tolerance, squeezed
+from graphtrace.compare.measure import StatPoint, Tolerance, shape_key
 from graphtrace.compare.rules import RenameRule, apply_rules
 from graphtrace.model import CallNode, TensorRecord, numbered
 
@@ -133,7 +133,7 @@ class _Signature:
         self.node = node
         inputs = [record for _, record in node.input_tensors()]
         # shapes up to size-1 dims: a port that drops the batch dimension ([T, D] for [1, T, D]) holds the same values
-        first_in = squeezed(inputs[0].shape) if inputs else None
+        first_in = shape_key(inputs[0].shape) if inputs else None
         self.key = (node.kind, node.leaf, first_in)
         self.n_inputs = len(inputs)
         # a container's make-up: the kinds of module it calls (a block calls two norms, an attention, an MLP), which
@@ -150,7 +150,7 @@ class _Signature:
         else:
             outputs = [record for _, record in node.output_tensors()]
             self.first_out = outputs[0] if outputs else None
-            self.out_shapes = tuple(squeezed(record.shape) for record in outputs)
+            self.out_shapes = tuple(shape_key(record.shape) for record in outputs)
         # the statistics that tell two candidate pairings apart
         probe = self.first_out if self.first_out is not None else (inputs[0] if inputs else None)
         self.probe = StatPoint.of(probe) if probe is not None else None
@@ -180,8 +180,8 @@ class _Scorer:
 
     def __call__(self, x: _Signature, y: _Signature) -> int:
         if x.out_shapes is not None and y.out_shapes is not None:
-            first_x = squeezed(x.first_out.shape) if x.first_out is not None else None
-            first_y = squeezed(y.first_out.shape) if y.first_out is not None else None
+            first_x = shape_key(x.first_out.shape) if x.first_out is not None else None
+            first_y = shape_key(y.first_out.shape) if y.first_out is not None else None
             if first_x != first_y:
                 return 0
         score = 4
@@ -397,7 +397,7 @@ def _same_computation(x: _Signature, y: _Signature, score: _Scorer) -> bool:
         x.key == y.key
         and x.first_out is not None
         and y.first_out is not None
-        and squeezed(x.first_out.shape) == squeezed(y.first_out.shape)
+        and shape_key(x.first_out.shape) == shape_key(y.first_out.shape)
         and score.close(x.probe, y.probe)
         and (x.in_probe is None or y.in_probe is None or score.close(x.in_probe, y.in_probe))
     )
@@ -560,8 +560,8 @@ def without_block_number(path: str) -> str:
 def _fit(a: CallNode, b: CallNode) -> bool:
     """Two calls that could be one: the same kind and the same input and output shapes."""
     x, y = _Signature(a), _Signature(b)
-    shapes_x = squeezed(x.first_out.shape) if x.first_out is not None else None
-    shapes_y = squeezed(y.first_out.shape) if y.first_out is not None else None
+    shapes_x = shape_key(x.first_out.shape) if x.first_out is not None else None
+    shapes_y = shape_key(y.first_out.shape) if y.first_out is not None else None
     return x.key == y.key and shapes_x == shapes_y
 
 

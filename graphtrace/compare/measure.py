@@ -79,6 +79,23 @@ def squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(size for size in shape if size != 1)
 
 
+def shape_key(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` as alignment sets shapes side by side: up to size-1 dimensions and to the order of the dimensions
+    (a Megatron or fairseq style port keeps activations ``[T, B, D]`` where the original keeps ``[B, T, D]``, a
+    convolutional one ``[B, C, T]`` for ``[B, T, C]``; see :func:`dims_order`)."""
+    return tuple(sorted(squeezed(shape)))
+
+
+def dims_order(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    """How to take the dimensions of ``b`` (squeezed) to lay its values out as ``a`` (squeezed) holds them, when the
+    two differ only in the order of their dimensions and every size is distinct (which dimension is which is then
+    certain); None otherwise, also when they need no re-ordering."""
+    a, b = squeezed(a), squeezed(b)
+    if a == b or sorted(a) != sorted(b) or len(set(a)) != len(a):
+        return None
+    return tuple(b.index(size) for size in a)
+
+
 @dataclass(frozen=True, slots=True)
 class Tolerance:
     """``rtol`` and ``atol``; None means the dtype's default (see the module docstring)."""
@@ -263,8 +280,8 @@ def _sketches_apart(a: TensorRecord, b: TensorRecord, rtol: float, atol: float) 
     cannot be compared (missing, or rows laid out otherwise). Each row group's mean and root mean square are
     aggregates of the group's elements, with :func:`aggregate_tolerance`."""
     sa, sb = a.sketch, b.sketch
-    if sa is None or sb is None or len(sa) != len(sb) or not a.shape or not b.shape or a.shape[-1] != b.shape[-1]:
-        return None
+    if sa is None or sb is None or len(sa) != len(sb) or squeezed(a.shape) != squeezed(b.shape):
+        return None  # rows in another order (dims re-ordered) are cut into other groups
     if a.numel != b.numel:
         return None
     groups = len(sa) // 2
@@ -561,17 +578,26 @@ def measure(
         "rtol": rtol,
         "atol": atol,
     }
+    order = None
     if a.shape != b.shape:
-        if squeezed(a.shape) != squeezed(b.shape):
+        order = dims_order(a.shape, b.shape)
+        if squeezed(a.shape) != squeezed(b.shape) and order is None:
             return TensorDiff(
                 **base, basis="none", status="diverged", reason=f"shape {list(a.shape)} vs {list(b.shape)}"
             )
-        base["equivalence"] = f"shapes {list(a.shape)} and {list(b.shape)} differ only by size-1 dims"
+        if order is None:
+            base["equivalence"] = f"shapes {list(a.shape)} and {list(b.shape)} differ only by size-1 dims"
+        else:
+            base["equivalence"] = f"shapes {list(a.shape)} and {list(b.shape)}: the same dims in another order"
     if values is not None:
-        return _from_values(values[0], values[1], base, normwise=tolerance.atol is None)
+        ta, tb = values
+        if order is not None:  # B's values laid out as A holds them
+            ta = ta.reshape(squeezed(a.shape))
+            tb = tb.reshape(squeezed(b.shape)).permute(order).contiguous()
+        return _from_values(ta, tb, base, normwise=tolerance.atol is None)
     if a.stats is not None and b.stats is not None:
         return _from_stats(a, b, base)
-    if a.stats is None and b.stats is None:
+    if a.stats is None and b.stats is None and order is None:
         whole = _repr_integers(a), _repr_integers(b)
         if whole[0] is not None and whole[1] is not None:
             return _from_integers(whole[0], whole[1], base)

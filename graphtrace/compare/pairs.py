@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from graphtrace.compare.align import Match, MatchKind
 from graphtrace.compare.fused import FusedMatch, concatenated_record
 from graphtrace.compare.fused_layout import PartColumns, part_columns
-from graphtrace.compare.measure import Status, TensorDiff, Tolerance, measure, squeezed
+from graphtrace.compare.measure import Status, TensorDiff, Tolerance, measure, shape_key
 from graphtrace.errors import TraceFormatError
 from graphtrace.model import CallNode, TensorRecord, Trace
 
@@ -90,7 +90,7 @@ def _pair(
         k = by_name.get(item[0])
         # an input passed at the same place but of another shape is another quantity (a port passing a bias where
         # the original passes a mask): it stays apart, as an extra argument; an output is reported
-        if k is None or not any_shape and squeezed(rest_b[k][1].shape) != squeezed(item[1].shape):
+        if k is None or not any_shape and shape_key(rest_b[k][1].shape) != shape_key(item[1].shape):
             rest_a.append(item)
         else:
             pairs.append((item, rest_b[k]))
@@ -98,7 +98,7 @@ def _pair(
     rest_b = [item for k, item in enumerate(rest_b) if k not in taken]
     unpaired_a: list[Named] = []
     for item in rest_a:  # same shape first, in order
-        k = next((k for k, other in enumerate(rest_b) if squeezed(other[1].shape) == squeezed(item[1].shape)), None)
+        k = next((k for k, other in enumerate(rest_b) if shape_key(other[1].shape) == shape_key(item[1].shape)), None)
         if k is None:
             unpaired_a.append(item)
         else:
@@ -166,7 +166,7 @@ def _measure_pairs(
 ) -> tuple[TensorDiff, ...]:
     diffs = []
     for (name_a, a), (name_b, b) in pairs:
-        values = stored.both(a, b) if squeezed(a.shape) == squeezed(b.shape) else None
+        values = stored.both(a, b) if shape_key(a.shape) == shape_key(b.shape) else None
         diffs.append(measure(prefix + name_a, a, prefix + name_b, b, tolerance, values))
     return tuple(diffs)
 
