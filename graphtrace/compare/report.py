@@ -88,7 +88,9 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
 
     def visit(node: CallNode, outer: CallDiff | None) -> Divergence | None:
         here = module_calls.get(id(node))
-        if here is not None and not here.inputs_agree:
+        # inputs that differ where the output agrees are other quantities (an attention mask where a port passes
+        # positions), not a departure
+        if here is not None and not here.inputs_agree and here.status != "equal":
             if outer is None:
                 return None  # different inputs to the whole model: not a porting question
             outer = _b_caller(outer, here, b_tree, b_calls)
@@ -294,10 +296,13 @@ class Comparison:
 
     @property
     def diverged(self) -> tuple[CallDiff, ...]:
-        """The matched module calls whose outputs or inputs diverge (op records are not counted: an op's
-        divergence shows in its module's output)."""
+        """The matched module calls whose outputs diverge, or whose inputs do while their outputs are not found
+        equal (inputs that differ under an equal output are other quantities: an attention mask where a port passes
+        positions). Op records are not counted: an op's divergence shows in its module's output."""
         return tuple(
-            call for call in self.calls if call.a.kind != "op" and (call.status == "diverged" or not call.inputs_agree)
+            call
+            for call in self.calls
+            if call.a.kind != "op" and (call.status == "diverged" or (not call.inputs_agree and call.status != "equal"))
         )
 
     @property
