@@ -88,9 +88,7 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
 
     def visit(node: CallNode, outer: CallDiff | None) -> Divergence | None:
         here = module_calls.get(id(node))
-        # inputs that differ where the output agrees are other quantities (an attention mask where a port passes
-        # positions), not a departure
-        if here is not None and not here.inputs_agree and here.status != "equal":
+        if here is not None and _inputs_depart(here):
             if outer is None:
                 return None  # different inputs to the whole model: not a porting question
             outer = _b_caller(outer, here, b_tree, b_calls)
@@ -147,6 +145,21 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
         return None
     why = "its inputs agree, its output does not" if legacy.inputs_agree else "its inputs already differ"
     return Divergence(legacy, False, f"{_short_name(legacy)}: {why} ({legacy.reason})")
+
+
+def _inputs_depart(call: CallDiff) -> bool:
+    """Whether ``call`` was given what its counterpart was not. Integer inputs that differ under an equal output are
+    other quantities (transformers gives OPT's position embedding the attention mask, a port the positions), not a
+    departure; floating ones are one, which a call's output may hide within tolerance (a projection)."""
+    if call.inputs_agree:
+        return False
+    if call.status != "equal":
+        return True
+    return any(d.status == "diverged" and _floating(d.dtype_a) and _floating(d.dtype_b) for d in call.inputs)
+
+
+def _floating(dtype: str) -> bool:
+    return "float" in dtype
 
 
 def _b_caller(outer: CallDiff, here: CallDiff, b_tree: _BTree, b_calls: dict[int, CallDiff]) -> CallDiff:
@@ -296,13 +309,10 @@ class Comparison:
 
     @property
     def diverged(self) -> tuple[CallDiff, ...]:
-        """The matched module calls whose outputs diverge, or whose inputs do while their outputs are not found
-        equal (inputs that differ under an equal output are other quantities: an attention mask where a port passes
-        positions). Op records are not counted: an op's divergence shows in its module's output."""
+        """The matched module calls whose outputs or inputs diverge (see :func:`_inputs_depart`). Op records are not
+        counted: an op's divergence shows in its module's output."""
         return tuple(
-            call
-            for call in self.calls
-            if call.a.kind != "op" and (call.status == "diverged" or (not call.inputs_agree and call.status != "equal"))
+            call for call in self.calls if call.a.kind != "op" and (call.status == "diverged" or _inputs_depart(call))
         )
 
     @property
