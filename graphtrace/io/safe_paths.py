@@ -4,19 +4,28 @@ A trace refers to its value files by relative paths (``./x.safetensors``, ``./X_
 or copied, such a path must stay inside the trace's own directory once resolved (symlinks included): ``../x``, an
 absolute path or a link leading out is refused. Names a trace supplies that become file names (the model's class)
 must be plain names. Files are written whole or not at all (:func:`graphtrace.files.write_atomic`, re-exported here),
-so a full disk or a killed process never leaves a truncated trace file behind.
+so a full disk or a killed process never leaves a truncated trace file behind. A file read must be a regular file
+(opening a FIFO blocks forever, a device never ends) of a bounded size (:func:`read_json_file`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import stat
 from pathlib import Path
+from typing import Any
 
 from graphtrace.errors import TraceFormatError
 from graphtrace.files import write_atomic
 
-__all__ = ["check_model_class", "inside", "write_atomic"]
+__all__ = ["MAX_JSON_BYTES", "check_model_class", "check_regular_file", "inside", "read_json_file", "write_atomic"]
+
+MAX_JSON_BYTES = 1 << 30
+"""The largest trace JSON file read (1 GiB): parsed, a JSON file takes several times its size in memory, and the
+files graphtrace and transformers write stay far below this (full values beyond a few elements live in safetensors
+files, which are mapped, not parsed)."""
 
 _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,199}")
 
@@ -46,3 +55,78 @@ def check_model_class(name: object) -> str:
             "from it, so it must be letters, digits, '_', '.' or '-'."
         )
     return name
+
+
+def _kind(mode: int) -> str:
+    """What a file that is not a regular file is, for a message."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def check_regular_file(path: str | os.PathLike[str]) -> os.stat_result:
+    """``path``'s status if it is a regular file (symlinks followed), else TraceFormatError: reading a FIFO blocks
+    until a writer comes, a device may never end, and a directory is no file."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read trace file {path}: {exc.strerror or exc}.") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise TraceFormatError(
+            f"cannot read trace file {path}: it is {_kind(info.st_mode)}, not a regular file; replace it with the "
+            "file graphtrace wrote."
+        )
+    return info
+
+
+def read_json_file(path: str | os.PathLike[str], limit: int = MAX_JSON_BYTES) -> Any:
+    """The JSON document in the trace file ``path`` (UTF-8, a byte order mark allowed), read without blocking and
+    within ``limit`` bytes; TraceFormatError names the file and what is wrong with it.
+
+    The file is opened non-blocking and checked on the open descriptor, so that a FIFO or device put in its place
+    (also between a check and the open) is refused instead of read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read trace file {path}: {exc.strerror or exc}.") from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise TraceFormatError(
+                f"cannot read trace file {path}: it is {_kind(info.st_mode)}, not a regular file; replace it with "
+                "the file graphtrace wrote."
+            )
+        if info.st_size > limit:
+            raise _too_large(path, info.st_size, limit)
+        with open(fd, "rb", closefd=False) as handle:
+            data = handle.read(limit + 1)  # the size said may be a lie (a file still growing)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise _too_large(path, len(data), limit)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(
+            f"{path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); trace files are "
+            "UTF-8 JSON: was it written by another program or damaged?"
+        ) from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(f"{path} is not valid JSON ({exc}); was it written completely?") from exc
+    except RecursionError as exc:
+        raise TraceFormatError(f"{path} is not a trace graphtrace can read (too deeply nested).") from exc
+
+
+def _too_large(path: str | os.PathLike[str], size: int, limit: int) -> TraceFormatError:
+    return TraceFormatError(
+        f"{path} holds {size:,} bytes, more than the {limit:,} a trace JSON file may hold; it is not a file "
+        "graphtrace or transformers wrote (full values belong in .safetensors files)."
+    )

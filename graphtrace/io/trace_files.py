@@ -15,7 +15,6 @@ render do not import each other).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from graphtrace.errors import OutputPathError, TraceFormatError
 from graphtrace.files import replacing
-from graphtrace.io.safe_paths import check_model_class, inside, write_atomic
+from graphtrace.io.safe_paths import check_model_class, inside, read_json_file, write_atomic
 from graphtrace.io.safetensors_format import split_reference
 from graphtrace.io.spec_json import FULL_SUFFIX, SUMMARY_SUFFIX, read_spec_file, write_spec_files
 from graphtrace.io.trace_json import trace_from_json, trace_text
@@ -153,14 +152,14 @@ def _copy_value(source: Path, target: Path) -> None:
 def find_trace_file(path: str | os.PathLike[str]) -> Path:
     """The file to load for ``path``: a graphtrace or spec file itself, or the one such file in a directory."""
     candidate = Path(path)
-    if candidate.is_file():
-        return candidate
+    if candidate.exists() and not candidate.is_dir():
+        return candidate  # a FIFO or device is refused when read, with what it is
     if not candidate.is_dir():
         raise TraceFormatError(f"no trace at {str(candidate)!r}: no such file or directory")
     for suffix in (OWN_SUFFIX, SUMMARY_SUFFIX, FULL_SUFFIX):
         found = sorted(candidate.glob(f"*{suffix}"))
         if len(found) == 1:
-            return found[0]
+            return _inside_trace(candidate, found[0])
         if len(found) > 1:
             names = ", ".join(f.name for f in found)
             raise TraceFormatError(
@@ -176,6 +175,17 @@ def find_trace_file(path: str | os.PathLike[str]) -> Path:
         f"{str(candidate)!r} holds no trace: expected a *{OWN_SUFFIX} file (graphtrace) or a *{SUMMARY_SUFFIX} "
         "file (transformers' model_addition_debugger_context)."
     )
+
+
+def _inside_trace(directory: Path, file: Path) -> Path:
+    """``file``, found in the trace directory ``directory``, if it stays inside it once links are resolved: a trace
+    file linked from elsewhere would make the directory show a trace it does not hold."""
+    if not file.resolve().is_relative_to(directory.resolve()):
+        raise TraceFormatError(
+            f"{file} is a link to {file.resolve()}, outside the trace directory {str(directory)!r}; a trace directory "
+            "holds its own files (copy the file in, or pass the file itself)."
+        )
+    return file
 
 
 def load_trace(path: str | os.PathLike[str]) -> Trace:
@@ -201,16 +211,11 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
 def _load_file(file: Path) -> Trace:
     directory = str(file.parent)
     if file.name.endswith(OWN_SUFFIX):
-        try:
-            with open(file, encoding="utf-8") as handle:
-                raw = json.load(handle)
-        except json.JSONDecodeError as exc:
-            raise TraceFormatError(f"{file} is not valid JSON ({exc}); was it written completely?") from exc
-        return trace_from_json(raw, directory)
+        return trace_from_json(read_json_file(file), directory)
     if file.name.endswith(SUMMARY_SUFFIX):
         full = file.with_name(file.name[: -len(SUMMARY_SUFFIX)] + FULL_SUFFIX)
-        if full.is_file():
-            file = full
+        if full.is_file() and full.resolve().is_relative_to(file.parent.resolve()):
+            file = full  # the values beside the summary, unless a link leads elsewhere
     model_class = file.name.rsplit("_debug_tree_", 1)[0]
     root = read_spec_file(file)
     has_values = any(record.value is not None for record in _all_tensors(root))

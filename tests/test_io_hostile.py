@@ -1,0 +1,113 @@
+"""Hostile trace directories beyond tests/test_hostile.py: special files where a file is expected, links to trace
+files elsewhere, absurd sizes and encodings, fields of the wrong type, values that lie about their tensors, markup
+in names, and links planted where a trace is saved. Every failure is a TraceFormatError naming the file, and one
+line on stderr with exit code 2 from the CLI; nothing blocks."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import graphtrace
+from graphtrace.errors import TraceFormatError
+from graphtrace.io import safe_paths
+from tests.conftest import run_python
+
+OWN = "Sequential_graphtrace.json"
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+
+
+@pytest.fixture()
+def saved(tmp_path: Path) -> Path:
+    graphtrace.capture(_model(), torch.ones(1, 4), path=tmp_path / "trace", values="safetensors")
+    return tmp_path / "trace"
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    """Exit code and stderr of ``graphtrace ARGS``; a run that blocks fails the test instead of hanging it."""
+    result = run_python("-m", "graphtrace", *args, timeout=60)
+    return result.returncode, result.stderr
+
+
+def _one_line_error(code: int, stderr: str, *parts: str) -> None:
+    assert code == 2, stderr
+    assert "Traceback" not in stderr and stderr.count("\n") == 1, stderr
+    for part in parts:
+        assert part in stderr, (part, stderr)
+
+
+def _edit(directory: Path, change) -> None:  # type: ignore[no-untyped-def]
+    own = directory / OWN
+    raw = json.loads(own.read_text())
+    change(raw)
+    own.write_text(json.dumps(raw))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_a_special_file_in_place_of_the_trace_file_is_refused_without_blocking(saved: Path, kind: str) -> None:
+    own = saved / OWN
+    own.unlink()
+    if kind == "fifo":
+        os.mkfifo(own)  # opening it for reading would wait for a writer forever
+    elif kind == "device":
+        if os.geteuid() != 0:
+            pytest.skip("creating a device file needs root")
+        os.mknod(own, 0o600 | stat.S_IFCHR, os.makedev(1, 5))  # /dev/zero: reading never ends
+    else:
+        own.mkdir()
+    what = {"fifo": "a named pipe (FIFO)", "device": "a device", "directory": "a directory"}[kind]
+    with pytest.raises(TraceFormatError, match=re.escape(f"it is {what}, not a regular file")):
+        graphtrace.load(saved)
+    _one_line_error(*_cli("show", str(saved)), str(own), what)
+    if kind != "directory":  # a directory named directly is looked into as a trace directory
+        _one_line_error(*_cli("show", str(own)), str(own), what)  # named directly too
+
+
+def test_a_trace_file_linked_from_outside_the_directory_is_refused(saved: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere" / OWN
+    elsewhere.parent.mkdir()
+    os.replace(saved / OWN, elsewhere)
+    (saved / OWN).symlink_to(elsewhere)
+    with pytest.raises(TraceFormatError, match="outside the trace directory"):
+        graphtrace.load(saved)
+    assert graphtrace.load(saved / OWN).root.path == "Sequential"  # the file named itself is the caller's choice
+
+
+def test_a_full_tensors_file_linked_from_outside_is_not_read_beside_its_summary(saved: Path, tmp_path: Path) -> None:
+    (saved / OWN).unlink()
+    full = saved / "Sequential_debug_tree_FULL_TENSORS.json"
+    planted = tmp_path / "planted.json"
+    planted.write_text(json.dumps({"module_path": "Planted", "inputs": {}, "outputs": None}))
+    full.unlink()
+    full.symlink_to(planted)
+    assert graphtrace.load(saved).root.path == "Sequential"  # read from the SUMMARY, not through the link
+
+
+def test_a_trace_file_too_large_to_parse_is_refused_before_it_is_read(saved: Path) -> None:
+    own = saved / OWN
+    with open(own, "r+b") as handle:
+        handle.truncate(safe_paths.MAX_JSON_BYTES + 1)  # sparse: no disk used, but json.load would take gigabytes
+    with pytest.raises(TraceFormatError, match=r"holds 1,073,741,825 bytes, more than the 1,073,741,824"):
+        graphtrace.load(saved)
+
+
+def test_a_byte_order_mark_is_read_and_other_encodings_are_named(saved: Path) -> None:
+    own = saved / OWN
+    text = own.read_bytes()
+    own.write_bytes(b"\xef\xbb\xbf" + text)  # what some editors add on saving
+    assert graphtrace.load(saved).root.children[0].type_name == "Linear"
+    own.write_bytes(text.replace(b'"Linear"', b'"Lin\xe9ar"', 1))  # latin-1
+    offset = text.index(b'"Linear"') + 4
+    with pytest.raises(TraceFormatError, match=f"is not UTF-8 text \\(byte 0xe9 at offset {offset}\\)"):
+        graphtrace.load(saved)
