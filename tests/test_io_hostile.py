@@ -111,3 +111,31 @@ def test_a_byte_order_mark_is_read_and_other_encodings_are_named(saved: Path) ->
     offset = text.index(b'"Linear"') + 4
     with pytest.raises(TraceFormatError, match=f"is not UTF-8 text \\(byte 0xe9 at offset {offset}\\)"):
         graphtrace.load(saved)
+
+
+@pytest.mark.parametrize("values", ["safetensors", "bundle"])
+def test_a_fifo_in_place_of_a_value_file_is_refused_without_blocking(tmp_path: Path, values: str) -> None:
+    traces = [tmp_path / "a", tmp_path / "b"]
+    for trace in traces:
+        graphtrace.capture(_model(), torch.ones(1, 4), path=trace, values=values)  # type: ignore[call-overload]
+    value = traces[1] / (
+        "Sequential.2_outputs.safetensors" if values == "safetensors" else "Sequential_tensors.safetensors"
+    )
+    value.unlink()
+    os.mkfifo(value)  # safetensors would wait on it for a writer forever
+    with pytest.raises(TraceFormatError, match=re.escape(f"{value}: it is a named pipe (FIFO), not a regular file")):
+        graphtrace.compare(traces[0], traces[1])
+    _one_line_error(*_cli("diff", *map(str, traces)), "named pipe (FIFO)")
+
+
+def test_a_value_file_holding_another_shape_than_recorded_is_named(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    traces = [tmp_path / "a", tmp_path / "b"]
+    for trace in traces:
+        graphtrace.capture(_model(), torch.ones(1, 4), path=trace, values="safetensors")
+    save_file({"data": torch.ones(7, 3)}, str(traces[1] / "Sequential.2_outputs.safetensors"))
+    message = "which holds a tensor of shape [7, 3] where the trace records [1, 2]"
+    with pytest.raises(TraceFormatError, match=re.escape(message)):
+        graphtrace.compare(traces[0], traces[1])
+    _one_line_error(*_cli("diff", *map(str, traces)), "./Sequential.2_outputs.safetensors", message)

@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from graphtrace.errors import OutputPathError, UnsupportedTensorError
 from graphtrace.io.file_writer import BackgroundWriter
 from graphtrace.io.repr_batch import PrintedValues, ReprBatch
-from graphtrace.io.safe_paths import inside
+from graphtrace.io.safe_paths import check_regular_file, inside
 from graphtrace.io.safetensors_format import DTYPE_NAMES, bundle_header, single_tensor_header, split_reference
 from graphtrace.io.tensor_repr import printed_values, repr_lines
 from graphtrace.reprs import SPEC_LINEWIDTH
@@ -432,7 +432,7 @@ class TensorFiles:
             return load_tensor(self.directory, file)
         handle = self._shards.get(path)
         if handle is None:
-            handle = self._shards[path] = safe_open(str(inside(self.directory, path)), framework="pt")
+            handle = self._shards[path] = safe_open(str(_value_file(self.directory, path)), framework="pt")
         tensor: torch.Tensor = handle.get_tensor(key)
         return tensor
 
@@ -444,9 +444,18 @@ def load_tensor(directory: str | os.PathLike[str], file: str) -> torch.Tensor:
     from safetensors.torch import load_file
 
     path, key = split_reference(file)
-    target = inside(directory, path)  # never a file outside the trace's directory
+    target = _value_file(directory, path)
     if key is not None:
         with safe_open(str(target), framework="pt") as handle:
             found: torch.Tensor = handle.get_tensor(key)
             return found
     return load_file(str(target))["data"]
+
+
+def _value_file(directory: str | os.PathLike[str], path: str) -> Path:
+    """The value file ``path`` names in ``directory``: never one outside it, and a regular file (safetensors would
+    wait forever on a FIFO put in its place)."""
+    target = inside(directory, path)
+    if os.path.exists(target):  # a missing file is reported by the reader, with the remedy
+        check_regular_file(target)
+    return target
