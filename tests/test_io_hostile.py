@@ -139,3 +139,61 @@ def test_a_value_file_holding_another_shape_than_recorded_is_named(tmp_path: Pat
     with pytest.raises(TraceFormatError, match=re.escape(message)):
         graphtrace.compare(traces[0], traces[1])
     _one_line_error(*_cli("diff", *map(str, traces)), "./Sequential.2_outputs.safetensors", message)
+
+
+def _first_child(raw: dict) -> dict:  # type: ignore[type-arg]
+    child: dict = raw["steps"][0]["children"][0]  # type: ignore[type-arg]
+    return child
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda raw: _first_child(raw).update(error={"x": [1]}), "call error"),
+        (lambda raw: _first_child(raw).update(inputs_from=[1]), "data-flow source"),
+        (lambda raw: raw.update(fallbacks={"Sequential.0": [1]}), "fallback reason"),
+        (lambda raw: raw["meta"].update(strategy=["fx"]), "trace metadata strategy"),
+        (lambda raw: raw["meta"].update(world_size=None), "trace metadata world_size"),
+        (lambda raw: raw.update(step_info=[{"cached_tokens": "7"}]), "cached token count"),
+        (lambda raw: raw["steps"][0]["outputs"]["tensor"].update(stats=["a", 0, 0, 0]), "'a' is not a number"),
+        (lambda raw: raw["steps"][0]["outputs"]["tensor"].update(nan=-1), "NaN count in trace file: -1 is negative"),
+        (
+            lambda raw: raw["steps"][0]["outputs"]["tensor"].update(
+                dtensor={"placements": "(Shard(dim=0),)", "mesh_shape": 2, "global_shape": [2, 2]}
+            ),
+            "DTensor mesh shape",
+        ),
+        (lambda raw: _first_child(raw).update(path="Sequential", index=0), "'Sequential@0' appears twice"),
+    ],
+    ids=[
+        "error-dict",
+        "inputs-from-int",
+        "fallback-list",
+        "meta-str-list",
+        "meta-int-null",
+        "tokens-string",
+        "stats-string",
+        "count-negative",
+        "dtensor-int",
+        "id-of-an-ancestor",
+    ],
+)
+def test_fields_of_the_wrong_type_are_refused_with_the_file_named(saved: Path, change, message: str) -> None:  # type: ignore[no-untyped-def]
+    """Fields that show, render, view or diff format or compare later (where a wrong type was a traceback, and a
+    call sharing its ancestor's id made render loop forever) are checked when the file is read."""
+    _edit(saved, change)
+    with pytest.raises(TraceFormatError, match=re.escape(message)) as raised:
+        graphtrace.load(saved)
+    assert str(saved / OWN) in str(raised.value)
+
+
+def test_a_wrongly_typed_error_in_a_spec_file_is_refused(saved: Path) -> None:
+    (saved / OWN).unlink()
+    summary = saved / "Sequential_debug_tree_SUMMARY.json"
+    raw = json.loads(summary.read_text())
+    raw["children"][0]["error"] = {"a": 1}
+    (saved / "Sequential_debug_tree_FULL_TENSORS.json").unlink()
+    summary.write_text(json.dumps(raw))
+    _one_line_error(
+        *_cli("render", str(saved), "-o", str(saved / "g.svg")), str(summary), "'error' that is not a string"
+    )

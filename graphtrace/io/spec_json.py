@@ -279,6 +279,9 @@ def _node_from_spec(raw: Mapping[str, Any], counts: dict[str, int]) -> CallNode:
     inputs = raw.get("inputs") or {}
     children = tuple(_node_from_spec(child, counts) for child in raw.get("children") or ())
     outputs = raw.get("outputs")
+    error = raw.get("error")
+    if error is not None and not isinstance(error, str):
+        raise TraceFormatError(f"the node {path[:120]!r} has an 'error' that is not a string: {str(error)[:80]!r}")
     return CallNode(
         path=path,
         index=index,
@@ -287,7 +290,7 @@ def _node_from_spec(raw: Mapping[str, Any], counts: dict[str, int]) -> CallNode:
         kwargs={key: _value_from_spec(v) for key, v in (inputs.get("kwargs") or {}).items()},
         outputs=None if outputs is None else _value_from_spec(outputs),
         children=children,
-        error=raw.get("error"),
+        error=error,
     )
 
 

@@ -199,8 +199,10 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
             for _, record in (*node.input_tensors(), *node.output_tensors()):
                 if record.file is not None:
                     inside(file.parent, split_reference(record.file)[0])
-    except TraceFormatError:
-        raise
+    except TraceFormatError as exc:
+        if str(file) in str(exc):
+            raise
+        raise TraceFormatError(f"{file}: {exc}") from exc  # which file of the directory is at fault
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
         # a crafted or damaged file: one line that says so, never a traceback
         what = "too deeply nested" if isinstance(exc, RecursionError) else f"{type(exc).__name__}: {str(exc)[:120]}"
