@@ -197,3 +197,34 @@ def test_a_wrongly_typed_error_in_a_spec_file_is_refused(saved: Path) -> None:
     _one_line_error(
         *_cli("render", str(saved), "-o", str(saved / "g.svg")), str(summary), "'error' that is not a string"
     )
+
+
+def test_names_holding_markup_or_dot_syntax_are_drawn_as_text(saved: Path) -> None:
+    """A call's path is shown, never interpreted: not as DOT (a backslash before a quote ended pydot's quoted name
+    early, so that the rest became statements), not as Graphviz escapes (``\\N`` is the node's name), not as HTML."""
+    import shutil
+
+    if shutil.which("dot") is None:
+        pytest.skip("needs Graphviz's dot")
+    injected = 'a\\"];evil[image="planted.png"];b[label="\\N<script>alert(1)</script>'
+
+    def rename(raw: dict) -> None:  # type: ignore[type-arg]
+        children = raw["steps"][0]["children"]
+        children[0]["path"] = f"Sequential.{injected}"
+        children[2]["path"] = "Sequential.ends\\"  # a trailing backslash escaped the closing quote
+        raw["steps"][0]["path"] = "Root\\G"  # a cluster
+
+    _edit(saved, rename)
+    svg = saved / "graph.svg"
+    code, stderr = _cli("render", str(saved), "-o", str(svg))
+    assert code == 0, stderr
+    text = svg.read_text()
+    titles = re.findall(r"<title>([^<]*)</title>", text)
+    assert len(titles) == 6 and not {"evil", "b"} & set(titles)  # no node the name declared
+    assert "<image" not in text and "<script>" not in text
+    assert "&lt;script&gt;" in text and "\\N&lt;script" in text  # shown as written, not expanded to the name
+    assert ">ends\\</text>" in text and ">Root\\G</text>" in text
+    page = saved / "page.html"
+    code, stderr = _cli("view", str(saved), "-o", str(page))
+    assert code == 0, stderr
+    assert "<script>alert(1)" not in page.read_text()
