@@ -228,3 +228,55 @@ def test_names_holding_markup_or_dot_syntax_are_drawn_as_text(saved: Path) -> No
     code, stderr = _cli("view", str(saved), "-o", str(page))
     assert code == 0, stderr
     assert "<script>alert(1)" not in page.read_text()
+
+
+def _plant(link: Path, target: Path) -> Path:
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target)
+    return target
+
+
+@pytest.mark.parametrize("values", ["safetensors", "bundle"])
+def test_links_planted_under_the_names_of_value_files_are_replaced_not_followed(tmp_path: Path, values: str) -> None:
+    victims = tmp_path / "victims"
+    victims.mkdir()
+    out = tmp_path / "out"
+    names = (
+        ["Sequential_outputs.safetensors", "Sequential.0_outputs.safetensors"]
+        if values == "safetensors"
+        else ["Sequential_tensors.safetensors", "Sequential_tensors.safetensors.index.json"]
+    )
+    for name in names:
+        (victims / name).write_text("precious")
+        _plant(out / name, victims / name)
+    trace = graphtrace.capture(_model(), torch.ones(1, 4), path=out, values=values)  # type: ignore[call-overload]
+    assert all((victims / name).read_text() == "precious" for name in names)
+    assert not any((out / name).is_symlink() for name in names)
+    assert graphtrace.compare(trace, graphtrace.load(out)).first_divergence is None
+
+
+def test_a_link_planted_as_a_step_folder_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    _plant(out / "step_1", elsewhere)
+    model = _model()
+    with pytest.raises(graphtrace.errors.OutputPathError, match=r"step_1' is a link"):
+        with graphtrace.tracing(model, path=out, values="safetensors"):
+            model(torch.ones(1, 4))
+            model(torch.ones(1, 4))
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_link_to_a_folder_planted_where_a_single_steps_values_move_up_is_replaced(tmp_path: Path) -> None:
+    """tracing() streams values into step_0/ and moves them up after one step: moving onto a link to a directory
+    moved the file into that directory."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    _plant(out / "Sequential_outputs.safetensors", elsewhere)
+    model = _model()
+    with graphtrace.tracing(model, path=out, values="safetensors"):
+        model(torch.ones(1, 4))
+    assert list(elsewhere.iterdir()) == []
+    assert (out / "Sequential_outputs.safetensors").is_file() and not (out / "step_0").exists()

@@ -5,7 +5,9 @@ or copied, such a path must stay inside the trace's own directory once resolved 
 absolute path or a link leading out is refused. Names a trace supplies that become file names (the model's class)
 must be plain names. Files are written whole or not at all (:func:`graphtrace.files.write_atomic`, re-exported here),
 so a full disk or a killed process never leaves a truncated trace file behind. A file read must be a regular file
-(opening a FIFO blocks forever, a device never ends) of a bounded size (:func:`read_json_file`).
+(opening a FIFO blocks forever, a device never ends) of a bounded size (:func:`read_json_file`). Writing into a
+directory someone else can write to, a name may hold a link planted there: a file is created anew in place of
+whatever holds its name (:func:`create_new`), and a folder inside is never a link (:func:`make_subdirectory`).
 """
 
 from __future__ import annotations
@@ -17,10 +19,19 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from graphtrace.errors import TraceFormatError
+from graphtrace.errors import OutputPathError, TraceFormatError
 from graphtrace.files import write_atomic
 
-__all__ = ["MAX_JSON_BYTES", "check_model_class", "check_regular_file", "inside", "read_json_file", "write_atomic"]
+__all__ = [
+    "MAX_JSON_BYTES",
+    "check_model_class",
+    "check_regular_file",
+    "create_new",
+    "inside",
+    "make_subdirectory",
+    "read_json_file",
+    "write_atomic",
+]
 
 MAX_JSON_BYTES = 1 << 30
 """The largest trace JSON file read (1 GiB): parsed, a JSON file takes several times its size in memory, and the
@@ -130,3 +141,30 @@ def _too_large(path: str | os.PathLike[str], size: int, limit: int) -> TraceForm
         f"{path} holds {size:,} bytes, more than the {limit:,} a trace JSON file may hold; it is not a file "
         "graphtrace or transformers wrote (full values belong in .safetensors files)."
     )
+
+
+def create_new(path: str | os.PathLike[str]) -> int:
+    """A descriptor of the new empty file ``path``, opened for writing, after removing whatever held its name: a
+    link planted under the name is replaced, never followed (``O_EXCL`` refuses one put back in between)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    return os.open(path, flags, 0o666)
+
+
+def make_subdirectory(path: Path) -> Path:
+    """The folder ``path`` (a step's or a rank's, inside a directory being written), created if needed; a link or a
+    file in its place is an OutputPathError, since writing through a planted link would write outside."""
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise OutputPathError(f"cannot create {str(path)!r}: {exc.strerror or exc}. Choose another directory.") from exc
+    if path.is_symlink() or not path.is_dir():
+        raise OutputPathError(
+            f"{str(path)!r} is {'a link' if path.is_symlink() else 'not a directory'}, where graphtrace writes a "
+            "folder of the trace; writing through it could write outside the trace directory. Remove it, or save "
+            "into another directory."
+        )
+    return path

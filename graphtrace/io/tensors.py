@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from graphtrace.errors import OutputPathError, UnsupportedTensorError
 from graphtrace.io.file_writer import BackgroundWriter
 from graphtrace.io.repr_batch import PrintedValues, ReprBatch
-from graphtrace.io.safe_paths import check_regular_file, inside
+from graphtrace.io.safe_paths import check_regular_file, create_new, inside, write_atomic
 from graphtrace.io.safetensors_format import DTYPE_NAMES, bundle_header, single_tensor_header, split_reference
 from graphtrace.io.tensor_repr import printed_values, repr_lines
 from graphtrace.reprs import SPEC_LINEWIDTH
@@ -203,8 +203,7 @@ class SafetensorsSink(_FileSink):
 
         def write() -> None:
             try:
-                _unlink(target)
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+                fd = create_new(target)
                 try:
                     _write_at(fd, memoryview(header), 0)
                     _write_at(fd, _memory(data), len(header))
@@ -273,6 +272,7 @@ def _copy_whole(source: Path, target: Path) -> None:
 def _save_file(data: torch.Tensor, target: Path, name: str) -> None:
     """safetensors' own writer, for the dtypes graphtrace does not write itself (float8, unsigned ints, ...)."""
     try:
+        _unlink(target)  # safetensors opens the name as it is: a link planted there would be written through
         save_file({"data": data}, str(target))
     except OSError as exc:
         _remove_partial(target)
@@ -342,7 +342,7 @@ class BundleSink(_FileSink):
         name = self._shard_name(len(self._shards) + 1)
         target = self.directory / name
         try:
-            self._fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            self._fd = create_new(target)  # never through a link planted under the name
         except OSError as exc:
             raise _output_error(target, exc) from exc
         self._shards.append(name)
@@ -408,10 +408,7 @@ class BundleSink(_FileSink):
         if self._shards:
             index = {"metadata": {"writer": "graphtrace"}, "weight_map": self._weight_map}
             path = self.directory / f"{self.stem}{BUNDLE_SUFFIX}.index.json"
-            try:
-                path.write_text(json.dumps(index, indent=1) + "\n", encoding="utf-8")
-            except OSError as exc:
-                raise _output_error(path, exc) from exc
+            write_atomic(path, json.dumps(index, indent=1) + "\n")
         self._shards, self._weight_map = [], {}
 
 

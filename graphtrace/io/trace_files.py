@@ -23,7 +23,7 @@ from pathlib import Path
 
 from graphtrace.errors import OutputPathError, TraceFormatError
 from graphtrace.files import replacing
-from graphtrace.io.safe_paths import check_model_class, inside, read_json_file, write_atomic
+from graphtrace.io.safe_paths import check_model_class, inside, make_subdirectory, read_json_file, write_atomic
 from graphtrace.io.safetensors_format import split_reference
 from graphtrace.io.spec_json import FULL_SUFFIX, SUMMARY_SUFFIX, read_spec_file, write_spec_files
 from graphtrace.io.trace_json import trace_from_json, trace_text
@@ -107,7 +107,8 @@ def save_trace(trace: Trace, directory: str | os.PathLike[str]) -> list[str]:
     written: list[Path] = []
     for i, step in enumerate(trace.steps):
         out = step_directory(target, i, steps)
-        out.mkdir(exist_ok=True)
+        if out != target:
+            make_subdirectory(out)
         written += write_spec_files(step, out, trace.meta.model_class)
         for src, dst in copies[i]:
             if src != dst:
