@@ -280,3 +280,25 @@ def test_a_link_to_a_folder_planted_where_a_single_steps_values_move_up_is_repla
         model(torch.ones(1, 4))
     assert list(elsewhere.iterdir()) == []
     assert (out / "Sequential_outputs.safetensors").is_file() and not (out / "step_0").exists()
+
+
+def test_a_file_named_by_many_records_is_checked_once(saved: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resolving a reference costs a system call per path component: a crafted trace of a hundred thousand calls
+    naming the same file took minutes to load when every record's reference was resolved."""
+    from graphtrace.io import trace_files
+
+    def many(raw: dict) -> None:  # type: ignore[type-arg]
+        child = raw["steps"][0]["children"][1]
+        raw["steps"][0]["children"] = [dict(child, path=f"Sequential.{i}") for i in range(20_000)]
+
+    _edit(saved, many)
+    checked: list[str] = []
+    real = trace_files.inside
+
+    def counting(directory: Path, reference: str) -> Path:
+        checked.append(reference)
+        return real(directory, reference)
+
+    monkeypatch.setattr(trace_files, "inside", counting)
+    assert len(list(graphtrace.load(saved).walk())) == 20_001
+    assert sorted(checked) == sorted(set(checked)) and len(checked) <= 4

@@ -196,10 +196,9 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
     try:
         trace = _load_file(file)
         check_model_class(trace.meta.model_class)
-        for node in trace.walk():
-            for _, record in (*node.input_tensors(), *node.output_tensors()):
-                if record.file is not None:
-                    inside(file.parent, split_reference(record.file)[0])
+        for step in trace.steps:  # each file once: a crafted trace may name one file from millions of records
+            for reference in sorted(referenced_files(step)):
+                inside(file.parent, reference)
     except TraceFormatError as exc:
         if str(file) in str(exc):
             raise
