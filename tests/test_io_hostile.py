@@ -302,3 +302,22 @@ def test_a_file_named_by_many_records_is_checked_once(saved: Path, monkeypatch: 
     monkeypatch.setattr(trace_files, "inside", counting)
     assert len(list(graphtrace.load(saved).walk())) == 20_001
     assert sorted(checked) == sorted(set(checked)) and len(checked) <= 4
+
+
+def test_a_step_folder_linked_elsewhere_is_not_read_from(tmp_path: Path) -> None:
+    """The values of a trace of several steps live in step_{i}/; a step_1 that is a link to another trace's folder
+    passed the reference check (made inside the folder the link leads to) and was read and copied."""
+    model = _model()
+    traces = [tmp_path / "a", tmp_path / "b"]
+    for trace in traces:
+        with graphtrace.tracing(model, path=trace, values="safetensors"):
+            model(torch.ones(1, 4))
+            model(torch.ones(1, 4))
+    elsewhere = tmp_path / "elsewhere"
+    os.replace(traces[1] / "step_1", elsewhere)
+    (traces[1] / "step_1").symlink_to(elsewhere)
+    with pytest.raises(TraceFormatError, match="'step_1', which lies outside its directory"):
+        graphtrace.compare(traces[0], traces[1])
+    with pytest.raises(TraceFormatError, match="'step_1', which lies outside its directory"):
+        graphtrace.load(traces[1]).save(tmp_path / "copy")
+    assert not (tmp_path / "copy" / "step_1").exists()

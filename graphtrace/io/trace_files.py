@@ -37,6 +37,7 @@ __all__ = [
     "rank_directory",
     "save_trace",
     "step_directory",
+    "stored_step_directory",
     "referenced_files",
 ]
 
@@ -62,6 +63,13 @@ def prepare_directory(path: str | os.PathLike[str], *, what: str = "trace direct
 def step_directory(directory: Path, step: int, steps: int) -> Path:
     """Where step ``step`` of ``steps`` keeps its spec files and values."""
     return directory if steps == 1 else directory / f"step_{step}"
+
+
+def stored_step_directory(directory: str | os.PathLike[str], step: int, steps: int) -> Path:
+    """Where step ``step`` of a saved trace in ``directory`` keeps its values, checked to lie inside ``directory``:
+    a ``step_{i}`` that is a link to another folder would have its references checked against that folder."""
+    folder = step_directory(Path(directory), step, steps)
+    return folder if steps == 1 else inside(directory, folder.name)
 
 
 def rank_directory(directory: str | os.PathLike[str], rank: int) -> Path:
@@ -101,7 +109,9 @@ def save_trace(trace: Trace, directory: str | os.PathLike[str]) -> list[str]:
     kept = [referenced_files(step) if source else set() for step in trace.steps]
     # every value file is found (and every reference checked) before anything is written
     copies = [
-        _value_files(kept[i], step_directory(source, i, steps), step_directory(target, i, steps)) if source else []
+        _value_files(kept[i], stored_step_directory(source, i, steps), step_directory(target, i, steps))
+        if source
+        else []
         for i in range(steps)
     ]
     written: list[Path] = []
