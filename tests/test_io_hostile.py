@@ -135,7 +135,7 @@ def test_a_value_file_holding_another_shape_than_recorded_is_named(tmp_path: Pat
     for trace in traces:
         graphtrace.capture(_model(), torch.ones(1, 4), path=trace, values="safetensors")
     save_file({"data": torch.ones(7, 3)}, str(traces[1] / "Sequential.2_outputs.safetensors"))
-    message = "which holds a tensor of shape [7, 3] where the trace records [1, 2]"
+    message = "holds a tensor of shape [7, 3] where the trace records [1, 2]"
     with pytest.raises(TraceFormatError, match=re.escape(message)):
         graphtrace.compare(traces[0], traces[1])
     _one_line_error(*_cli("diff", *map(str, traces)), "./Sequential.2_outputs.safetensors", message)
@@ -321,3 +321,22 @@ def test_a_step_folder_linked_elsewhere_is_not_read_from(tmp_path: Path) -> None
     with pytest.raises(TraceFormatError, match="'step_1', which lies outside its directory"):
         graphtrace.load(traces[1]).save(tmp_path / "copy")
     assert not (tmp_path / "copy" / "step_1").exists()
+
+
+def test_a_value_file_claiming_a_huge_tensor_is_refused(tmp_path: Path) -> None:
+    """A header may describe gigabytes that a sparse file holds without using the disk: the shape is checked
+    against the record's in the header, and the file is refused by name with both shapes."""
+    import struct
+
+    traces = [tmp_path / "a", tmp_path / "b"]
+    for trace in traces:
+        graphtrace.capture(_model(), torch.ones(1, 4), path=trace, values="safetensors")
+    header = json.dumps({"data": {"dtype": "F32", "shape": [1 << 16, 1 << 12], "data_offsets": [0, 1 << 30]}})
+    header += " " * (-len(header) % 8)
+    with open(traces[1] / "Sequential.2_outputs.safetensors", "wb") as handle:
+        handle.write(struct.pack("<Q", len(header)) + header.encode())
+        handle.truncate(8 + len(header) + (1 << 30))
+    with pytest.raises(TraceFormatError, match=re.escape("holds a tensor of shape [65536, 4096] where the trace")):
+        graphtrace.compare(traces[0], traces[1])
+    code, stderr = _cli("diff", *map(str, traces))
+    _one_line_error(code, stderr, "Sequential.2_outputs.safetensors in", "[65536, 4096]")

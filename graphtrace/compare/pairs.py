@@ -111,7 +111,7 @@ class ValueFiles(Protocol):
 
     directory: Path
 
-    def load(self, file: str) -> Any: ...
+    def load(self, file: str, shape: tuple[int, ...] | None = None) -> Any: ...
 
 
 OpenValues = Callable[[Trace, int], "ValueFiles | None"]
@@ -149,7 +149,7 @@ def _load(files: ValueFiles, record: TensorRecord, where: str) -> Any:
     crafted or mixed-up trace directory) would be compared element by element against the wrong tensor."""
     file = record.file
     assert file is not None
-    value = _read(files, file, where)
+    value = _read(files, file, record.shape, where)
     shape = tuple(getattr(value, "shape", ()))
     if shape != record.shape:
         raise TraceFormatError(
@@ -160,9 +160,9 @@ def _load(files: ValueFiles, record: TensorRecord, where: str) -> Any:
     return value
 
 
-def _read(files: ValueFiles, file: str, where: str) -> Any:
+def _read(files: ValueFiles, file: str, shape: tuple[int, ...], where: str) -> Any:
     try:
-        return files.load(file)
+        return files.load(file, shape)  # a reader that can checks the shape before reading the bytes
     except TraceFormatError:
         raise  # a reference leading out of the trace's directory: said as it is
     # re-raised with context: a file that cannot be opened or parsed (OSError, safetensors' own SafetensorError,

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from graphtrace.errors import OutputPathError, UnsupportedTensorError
+from graphtrace.errors import OutputPathError, TraceFormatError, UnsupportedTensorError
 from graphtrace.io.file_writer import BackgroundWriter
 from graphtrace.io.repr_batch import PrintedValues, ReprBatch
 from graphtrace.io.safe_paths import check_regular_file, create_new, inside, write_atomic
@@ -420,33 +420,42 @@ class TensorFiles:
         self.directory = Path(directory)
         self._shards: dict[str, Any] = {}
 
-    def load(self, file: str) -> torch.Tensor:
-        """The tensor ``file`` names, as :func:`load_tensor` reads it."""
+    def load(self, file: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """The tensor ``file`` names, as :func:`load_tensor` reads it (``shape`` too)."""
         from safetensors import safe_open
 
         path, key = split_reference(file)
         if key is None:
-            return load_tensor(self.directory, file)
+            return load_tensor(self.directory, file, shape)
         handle = self._shards.get(path)
         if handle is None:
             handle = self._shards[path] = safe_open(str(_value_file(self.directory, path)), framework="pt")
-        tensor: torch.Tensor = handle.get_tensor(key)
-        return tensor
+        return _tensor(handle, key, shape, f"{file} in {self.directory}")
 
 
-def load_tensor(directory: str | os.PathLike[str], file: str) -> torch.Tensor:
+def load_tensor(directory: str | os.PathLike[str], file: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
     """The tensor a record's ``file`` names, relative to ``directory``: ``./name.safetensors`` (the tensor under
-    ``data``) or, in a bundle, ``./shard.safetensors#key``."""
+    ``data``) or, in a bundle, ``./shard.safetensors#key``. With ``shape`` (the record's), a file whose header
+    says another shape is a TraceFormatError before any of its data is read."""
     from safetensors import safe_open
-    from safetensors.torch import load_file
 
     path, key = split_reference(file)
-    target = _value_file(directory, path)
-    if key is not None:
-        with safe_open(str(target), framework="pt") as handle:
-            found: torch.Tensor = handle.get_tensor(key)
-            return found
-    return load_file(str(target))["data"]
+    with safe_open(str(_value_file(directory, path)), framework="pt") as handle:
+        return _tensor(handle, "data" if key is None else key, shape, f"{file} in {directory}")
+
+
+def _tensor(handle: Any, key: str, shape: tuple[int, ...] | None, where: str) -> torch.Tensor:
+    """The tensor ``key`` of an open safetensors file, its shape checked in the header first: a crafted header may
+    describe gigabytes (of a sparse file) where the trace records a few numbers."""
+    if shape is not None:
+        found = tuple(handle.get_slice(key).get_shape())
+        if found != shape:
+            raise TraceFormatError(
+                f"{where} holds a tensor of shape {list(found)} where the trace records {list(shape)}; the file does "
+                "not belong to this trace (copy the trace directory whole, or capture it again)."
+            )
+    tensor: torch.Tensor = handle.get_tensor(key)
+    return tensor
 
 
 def _value_file(directory: str | os.PathLike[str], path: str) -> Path:
