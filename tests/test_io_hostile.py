@@ -340,3 +340,22 @@ def test_a_value_file_claiming_a_huge_tensor_is_refused(tmp_path: Path) -> None:
         graphtrace.compare(traces[0], traces[1])
     code, stderr = _cli("diff", *map(str, traces))
     _one_line_error(code, stderr, "Sequential.2_outputs.safetensors in", "[65536, 4096]")
+
+
+def test_control_characters_in_names_never_reach_the_terminal(saved: Path) -> None:
+    """A name holding ESC sequences (clear the screen, set the clipboard through OSC 52), a carriage return or a
+    raw C1 control printed them as they are in show's tree; they are kept as the text of their escapes."""
+
+    def rename(raw: dict) -> None:  # type: ignore[type-arg]
+        child = _first_child(raw)
+        child["path"] = "Sequential.\x1b]52;c;cHduZWQ=\x07\x1b[2J\rx\x9b31m"
+        child["type"] = "Linear\\"  # an escaped backslash stays one backslash
+
+    _edit(saved, rename)
+    child = graphtrace.load(saved).root.children[0]
+    assert child.path == "Sequential.\\u001b]52;c;cHduZWQ=\\u0007\\u001b[2J\\rx\\u009b31m"
+    assert child.type_name == "Linear\\"
+    result = run_python("-m", "graphtrace", "show", str(saved), timeout=60, FORCE_COLOR="1")
+    assert result.returncode == 0, result.stderr
+    shown = result.stdout.replace("\x1b[0m", "")
+    assert "\\u001b[2J" in shown and not re.search(r"\x1b(?!\[[0-9;]*m)|[\r\x07\x80-\x9f]", shown)

@@ -98,7 +98,9 @@ def check_regular_file(path: str | os.PathLike[str]) -> os.stat_result:
 
 def read_json_file(path: str | os.PathLike[str], limit: int = MAX_JSON_BYTES) -> Any:
     """The JSON document in the trace file ``path`` (UTF-8, a byte order mark allowed), read without blocking and
-    within ``limit`` bytes; TraceFormatError names the file and what is wrong with it.
+    within ``limit`` bytes; TraceFormatError names the file and what is wrong with it. Its strings hold no control
+    characters but newlines and tabs: each other one is kept as the text of its escape (``\\u001b``), so that no
+    name or value printed by show or diff can drive the terminal.
 
     The file is opened non-blocking and checked on the open descriptor, so that a FIFO or device put in its place
     (also between a check and the open) is refused instead of read."""
@@ -129,11 +131,27 @@ def read_json_file(path: str | os.PathLike[str], limit: int = MAX_JSON_BYTES) ->
             "UTF-8 JSON: was it written by another program or damaged?"
         ) from exc
     try:
-        return json.loads(text)
+        return json.loads(_CONTROL.sub(_shown, text))
     except json.JSONDecodeError as exc:
         raise TraceFormatError(f"{path} is not valid JSON ({exc}); was it written completely?") from exc
     except RecursionError as exc:
         raise TraceFormatError(f"{path} is not a trace graphtrace can read (too deeply nested).") from exc
+
+
+_CONTROL = re.compile(r"\\\\|\\u00(?:[01][0-9a-fA-F]|7[fF]|[89][0-9a-fA-F])|\\[bfr]|[\x80-\x9f]")
+"""What in JSON text decodes to a control character (escaped C0, DEL and C1 characters, ``\\b \\f \\r``, raw C1
+characters), and an escaped backslash, matched whole so that the backslash it escapes starts nothing."""
+
+
+def _shown(match: re.Match[str]) -> str:
+    """A control character as the text of its escape: printed, ``ESC [ 2 J`` or ``ESC ] 52`` from a crafted name
+    would clear the terminal or set its clipboard. Newlines and tabs stay (repr lines of values hold them)."""
+    escape = match.group()
+    if escape == "\\\\" or escape.lower() in ("\\u000a", "\\u0009"):
+        return escape
+    if len(escape) == 1:  # a raw C1 character
+        return f"\\\\u{ord(escape):04x}"
+    return "\\" + escape
 
 
 def _too_large(path: str | os.PathLike[str], size: int, limit: int) -> TraceFormatError:
