@@ -359,3 +359,11 @@ def test_control_characters_in_names_never_reach_the_terminal(saved: Path) -> No
     assert result.returncode == 0, result.stderr
     shown = result.stdout.replace("\x1b[0m", "")
     assert "\\u001b[2J" in shown and not re.search(r"\x1b(?!\[[0-9;]*m)|[\r\x07\x80-\x9f]", shown)
+
+
+def test_an_error_naming_a_crafted_file_name_prints_its_control_characters_as_escapes(tmp_path: Path) -> None:
+    crafted = tmp_path / "\x1b[2J\x1b]52;c;cHduZWQ=\x07_graphtrace.json"
+    crafted.write_text("{")
+    code, stderr = _cli("show", str(tmp_path))
+    _one_line_error(code, stderr, "\\x1b[2J\\x1b]52;c;cHduZWQ=\\x07_graphtrace.json", "is not valid JSON")
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", stderr)
