@@ -367,3 +367,12 @@ def test_an_error_naming_a_crafted_file_name_prints_its_control_characters_as_es
     code, stderr = _cli("show", str(tmp_path))
     _one_line_error(code, stderr, "\\x1b[2J\\x1b]52;c;cHduZWQ=\\x07_graphtrace.json", "is not valid JSON")
     assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", stderr)
+
+
+def test_saving_a_trace_whose_value_file_is_a_fifo_names_it(saved: Path, tmp_path: Path) -> None:
+    value = saved / "Sequential.1_outputs.safetensors"
+    value.unlink()
+    os.mkfifo(value)
+    with pytest.raises(TraceFormatError, match=re.escape(f"{value}: it is a named pipe (FIFO)")):
+        graphtrace.load(saved).save(tmp_path / "copy")
+    assert list((tmp_path / "copy").iterdir()) == []  # refused before anything was written

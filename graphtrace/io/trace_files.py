@@ -23,7 +23,14 @@ from pathlib import Path
 
 from graphtrace.errors import OutputPathError, TraceFormatError
 from graphtrace.files import replacing
-from graphtrace.io.safe_paths import check_model_class, inside, make_subdirectory, read_json_file, write_atomic
+from graphtrace.io.safe_paths import (
+    check_model_class,
+    check_regular_file,
+    inside,
+    make_subdirectory,
+    read_json_file,
+    write_atomic,
+)
 from graphtrace.io.safetensors_format import split_reference
 from graphtrace.io.spec_json import FULL_SUFFIX, SUMMARY_SUFFIX, read_spec_file, write_spec_files
 from graphtrace.io.trace_json import trace_from_json, trace_text
@@ -139,7 +146,9 @@ def _value_files(kept: set[str], from_dir: Path, out: Path) -> list[tuple[Path, 
     pairs = []
     for file in sorted(kept | _bundle_indexes(from_dir, kept)):
         src, dst = inside(from_dir, file), inside(out, file)
-        if src != dst and not src.is_file():
+        if src != dst and src.exists():
+            check_regular_file(src)  # copying a FIFO would wait for a writer, a device never end
+        elif src != dst:
             raise TraceFormatError(
                 f"the trace refers to {file}, which is missing from {str(from_dir)!r}; copy the trace directory "
                 "with all its .safetensors files."
