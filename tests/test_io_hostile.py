@@ -376,3 +376,13 @@ def test_saving_a_trace_whose_value_file_is_a_fifo_names_it(saved: Path, tmp_pat
     with pytest.raises(TraceFormatError, match=re.escape(f"{value}: it is a named pipe (FIFO)")):
         graphtrace.load(saved).save(tmp_path / "copy")
     assert list((tmp_path / "copy").iterdir()) == []  # refused before anything was written
+
+
+@pytest.mark.parametrize("name", [OWN, "Sequential.2_outputs.safetensors"])
+def test_a_loop_of_links_is_named_not_a_traceback(saved: Path, name: str) -> None:
+    looped = saved / name
+    looped.unlink()
+    looped.symlink_to(name)  # Path.resolve raises RuntimeError on it
+    with pytest.raises(TraceFormatError, match=re.escape(f"{looped} is a loop of symbolic links")):
+        graphtrace.load(saved)
+    _one_line_error(*_cli("show", str(saved)), "is a loop of symbolic links")

@@ -30,6 +30,7 @@ __all__ = [
     "inside",
     "make_subdirectory",
     "read_json_file",
+    "resolved",
     "write_atomic",
 ]
 
@@ -49,13 +50,24 @@ def inside(directory: str | os.PathLike[str], reference: str) -> Path:
             f"the trace refers to a file {reference!r} that is not a relative path; a trace may reference only "
             "files inside its own directory."
         )
-    target = (base / reference).resolve()
+    target = resolved(base / reference)
     if not target.is_relative_to(base):
         raise TraceFormatError(
             f"the trace refers to {reference!r}, which lies outside its directory {base}; a trace may reference "
             "only files inside its own directory (was it crafted or moved without its files?)."
         )
     return target
+
+
+def resolved(path: Path) -> Path:
+    """``path`` with its links resolved; a loop of links (``x -> x``, on which ``Path.resolve`` raises RuntimeError)
+    is a TraceFormatError naming it."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as exc:
+        raise TraceFormatError(
+            f"{path} is a loop of symbolic links ({exc}); replace it with the file graphtrace wrote."
+        ) from exc
 
 
 def check_model_class(name: object) -> str:

@@ -29,6 +29,7 @@ from graphtrace.io.safe_paths import (
     inside,
     make_subdirectory,
     read_json_file,
+    resolved,
     write_atomic,
 )
 from graphtrace.io.safetensors_format import split_reference
@@ -200,9 +201,9 @@ def find_trace_file(path: str | os.PathLike[str]) -> Path:
 def _inside_trace(directory: Path, file: Path) -> Path:
     """``file``, found in the trace directory ``directory``, if it stays inside it once links are resolved: a trace
     file linked from elsewhere would make the directory show a trace it does not hold."""
-    if not file.resolve().is_relative_to(directory.resolve()):
+    if not resolved(file).is_relative_to(resolved(directory)):
         raise TraceFormatError(
-            f"{file} is a link to {file.resolve()}, outside the trace directory {str(directory)!r}; a trace directory "
+            f"{file} is a link to {resolved(file)}, outside the trace directory {str(directory)!r}; a trace directory "
             "holds its own files (copy the file in, or pass the file itself)."
         )
     return file
@@ -235,7 +236,7 @@ def _load_file(file: Path) -> Trace:
         return trace_from_json(read_json_file(file), directory)
     if file.name.endswith(SUMMARY_SUFFIX):
         full = file.with_name(file.name[: -len(SUMMARY_SUFFIX)] + FULL_SUFFIX)
-        if full.is_file() and full.resolve().is_relative_to(file.parent.resolve()):
+        if full.is_file() and resolved(full).is_relative_to(resolved(file.parent)):
             file = full  # the values beside the summary, unless a link leads elsewhere
     model_class = file.name.rsplit("_debug_tree_", 1)[0]
     root = read_spec_file(file)
