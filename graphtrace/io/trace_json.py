@@ -182,7 +182,10 @@ def _node_out(node: CallNode) -> dict[str, Any]:
 
 def _typed(value: Any, kind: type, what: str) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise TraceFormatError(f"unreadable {what} in trace file: {str(value)[:80]!r} is not a {kind.__name__}")
+        name = kind.__name__
+        raise TraceFormatError(
+            f"unreadable {what} in trace file: {str(value)[:80]!r} is not {'an' if name[0] in 'aeiou' else 'a'} {name}"
+        )
     return value
 
 
