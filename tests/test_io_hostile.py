@@ -386,3 +386,31 @@ def test_a_loop_of_links_is_named_not_a_traceback(saved: Path, name: str) -> Non
     with pytest.raises(TraceFormatError, match=re.escape(f"{looped} is a loop of symbolic links")):
         graphtrace.load(saved)
     _one_line_error(*_cli("show", str(saved)), "is a loop of symbolic links")
+
+
+def test_a_fifo_swapped_in_after_the_check_is_never_opened(saved: Path) -> None:
+    """The check that a value file is a regular file and its reading are one: a FIFO put in its place between the
+    two (by whoever else writes the directory) made safetensors wait for a writer forever, holding the GIL. Run in
+    a process of its own, so that a regression fails the test instead of hanging it."""
+    import subprocess
+
+    script = f"""
+import os
+from graphtrace.io import tensors
+value = {str(saved / "Sequential.2_outputs.safetensors")!r}
+real = tensors.check_regular_file
+
+def then_swap(path, *fd):
+    status = real(path, *fd)
+    os.replace(value, value + ".aside")
+    os.mkfifo(value)
+    return status
+
+tensors.check_regular_file = then_swap
+print(tuple(tensors.load_tensor({str(saved)!r}, "./Sequential.2_outputs.safetensors").shape))
+"""
+    try:
+        result = run_python("-c", script, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("reading the value file blocked on the FIFO swapped in after the check")
+    assert result.returncode == 0 and result.stdout.strip() == "(1, 2)", result.stderr

@@ -93,11 +93,11 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def check_regular_file(path: str | os.PathLike[str]) -> os.stat_result:
-    """``path``'s status if it is a regular file (symlinks followed), else TraceFormatError: reading a FIFO blocks
-    until a writer comes, a device may never end, and a directory is no file."""
+def check_regular_file(path: str | os.PathLike[str], fd: int | None = None) -> os.stat_result:
+    """``path``'s status (of the open descriptor ``fd`` when given) if it is a regular file (symlinks followed), else
+    TraceFormatError: reading a FIFO blocks until a writer comes, a device may never end, and a directory is no file."""
     try:
-        info = os.stat(path)
+        info = os.stat(path) if fd is None else os.fstat(fd)
     except OSError as exc:
         raise TraceFormatError(f"cannot read trace file {path}: {exc.strerror or exc}.") from exc
     if not stat.S_ISREG(info.st_mode):

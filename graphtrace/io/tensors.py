@@ -422,14 +422,13 @@ class TensorFiles:
 
     def load(self, file: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
         """The tensor ``file`` names, as :func:`load_tensor` reads it (``shape`` too)."""
-        from safetensors import safe_open
 
         path, key = split_reference(file)
         if key is None:
             return load_tensor(self.directory, file, shape)
         handle = self._shards.get(path)
         if handle is None:
-            handle = self._shards[path] = safe_open(str(_value_file(self.directory, path)), framework="pt")
+            handle = self._shards[path] = _open_value_file(self.directory, path)
         return _tensor(handle, key, shape, f"{file} in {self.directory}")
 
 
@@ -437,10 +436,9 @@ def load_tensor(directory: str | os.PathLike[str], file: str, shape: tuple[int, 
     """The tensor a record's ``file`` names, relative to ``directory``: ``./name.safetensors`` (the tensor under
     ``data``) or, in a bundle, ``./shard.safetensors#key``. With ``shape`` (the record's), a file whose header
     says another shape is a TraceFormatError before any of its data is read."""
-    from safetensors import safe_open
 
     path, key = split_reference(file)
-    with safe_open(str(_value_file(directory, path)), framework="pt") as handle:
+    with _open_value_file(directory, path) as handle:
         return _tensor(handle, "data" if key is None else key, shape, f"{file} in {directory}")
 
 
@@ -458,10 +456,23 @@ def _tensor(handle: Any, key: str, shape: tuple[int, ...] | None, where: str) ->
     return tensor
 
 
-def _value_file(directory: str | os.PathLike[str], path: str) -> Path:
-    """The value file ``path`` names in ``directory``: never one outside it, and a regular file (safetensors would
-    wait forever on a FIFO put in its place)."""
+def _open_value_file(directory: str | os.PathLike[str], path: str) -> Any:
+    """safetensors' reader of the value file ``path`` names in ``directory``: never one outside it, and a regular
+    file. The file is opened non-blocking and checked on its descriptor, then read through that descriptor
+    (``/proc/self/fd``, where there is one), so that a FIFO put in its place after the check, on which safetensors
+    would wait forever, is never opened."""
+    from safetensors import safe_open
+
     target = inside(directory, path)
-    if os.path.exists(target):  # a missing file is reported by the reader, with the remedy
-        check_regular_file(target)
-    return target
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return safe_open(str(target), framework="pt")  # its error names the missing file; the caller adds the remedy
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read trace file {target}: {exc.strerror or exc}.") from exc
+    try:
+        check_regular_file(target, fd)
+        opened = f"/proc/self/fd/{fd}"
+        return safe_open(opened if os.path.exists(opened) else str(target), framework="pt")
+    finally:
+        os.close(fd)
