@@ -15,7 +15,6 @@ import dataclasses
 import datetime
 import difflib
 import os
-import shutil
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
@@ -30,6 +29,7 @@ from graphtrace.coverage import describe_fallbacks
 from graphtrace.engine import PatchLedger, Recorder, attach
 from graphtrace.engine.distributed import current_rank, world_size
 from graphtrace.errors import FxCaptureError, InvalidInputsError, InvalidModelError, InvalidOptionError, OutputPathError
+from graphtrace.io.safe_paths import make_subdirectory
 from graphtrace.io.tensors import BundleSink, ReprSink, SafetensorsSink
 from graphtrace.io.trace_files import prepare_directory, rank_directory
 from graphtrace.model import Trace, TraceMeta, without_files
@@ -148,7 +148,9 @@ class Session:
         self.recording = recording_ranks is None or self.rank in recording_ranks
         self.directory: Path | None = None
         if path is not None and self.recording:  # a rank that does not record touches nothing
-            self.directory = prepare_directory(rank_directory(path, self.rank) if rank_folders else path)
+            self.directory = prepare_directory(path)
+            if rank_folders:
+                self.directory = make_subdirectory(rank_directory(path, self.rank))
         self.trace: Trace | None = None
         self._sink = self._make_sink() if self.recording else None
         self._recorder = Recorder(
@@ -185,8 +187,7 @@ class Session:
         if isinstance(self._sink, (SafetensorsSink, BundleSink)) and not self.single_call:
             assert self.directory is not None
             self._sink.finish()  # the previous step's files are complete
-            self._sink.directory = self._streaming_folder(step)
-            self._sink.directory.mkdir(exist_ok=True)
+            self._sink.directory = make_subdirectory(self._streaming_folder(step))
 
     def __enter__(self) -> Session:
         if self.recording:
@@ -286,7 +287,14 @@ class Session:
         step0 = self.directory / "step_0"
         if step0.is_dir():
             for item in step0.iterdir():
-                shutil.move(str(item), self.directory / item.name)
+                target = self.directory / item.name
+                try:  # a rename replaces a link planted under the name (shutil.move would move into its target)
+                    os.replace(item, target)
+                except OSError as exc:
+                    raise OutputPathError(
+                        f"cannot move {item.name} from {str(step0)!r} into {str(self.directory)!r}: "
+                        f"{exc.strerror or exc}. Remove what holds the name {str(target)!r}, or save elsewhere."
+                    ) from exc
             step0.rmdir()
 
     def _failure_note(self, saved: bool) -> str:

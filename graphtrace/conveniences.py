@@ -10,7 +10,6 @@ imported on first use, keeping ``import graphtrace`` cheap.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
 import graphtrace.compare as compare_package
@@ -80,9 +79,9 @@ def open_values(trace: Trace, step: int) -> ValueFiles | None:
     if trace.directory is None:
         return None
     from graphtrace.io.tensors import TensorFiles
-    from graphtrace.io.trace_files import step_directory
+    from graphtrace.io.trace_files import stored_step_directory
 
-    return TensorFiles(step_directory(Path(trace.directory), step, len(trace.steps)))
+    return TensorFiles(stored_step_directory(trace.directory, step, len(trace.steps)))
 
 
 class _Services:

@@ -105,7 +105,8 @@ def test_bundles_are_compared_on_full_values_with_each_shard_opened_once(
     first = result.first_divergence
     assert first is not None and first.a.id == f"{LLAMA}.model.layers.1.mlp.down_proj@0"
     assert first.outputs[0].basis == "values" and first.outputs[0].outside > 0
-    assert len(opened) == len(set(opened)) == 2  # one shard per trace, opened once for all its tensors
+    # one shard per trace, opened once for all its tensors (through its descriptor's /proc path, so no names here)
+    assert len(opened) == 2
 
 
 def test_statistics_alone_find_the_same_culprit(traces: Callable[..., Path]) -> None:

@@ -8,6 +8,7 @@ difference found (``diff``), 2 bad input (a message on stderr, no traceback).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 
@@ -42,13 +43,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def _printable(message: str) -> str:
+    """``message`` with its control characters (but newlines) as escapes: an error names files of a trace directory,
+    and a crafted file name (or a link's target) holding ``ESC [2J`` would otherwise drive the terminal."""
+    return _CONTROL.sub(lambda match: ascii(match.group())[1:-1], message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
         return int(args.run(args) or EXIT_OK)
     except GraphtraceError as exc:
-        print(f"graphtrace {args.command}: error: {exc}", file=sys.stderr)
+        print(f"graphtrace {args.command}: error: {_printable(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # output piped into head or less that closed early
         return EXIT_OK

@@ -114,7 +114,7 @@ class ValueFiles(Protocol):
 
     directory: Path
 
-    def load(self, file: str) -> Any: ...
+    def load(self, file: str, shape: tuple[int, ...] | None = None) -> Any: ...
 
 
 OpenValues = Callable[[Trace, int], "ValueFiles | None"]
@@ -138,7 +138,7 @@ class StoredValues:
         files_a, files_b = self._files_of(0), self._files_of(1)
         if files_a is None or files_b is None:
             return None
-        return _load(files_a, a.file, "A"), _load(files_b, b.file, "B")
+        return _load(files_a, a, "A"), _load(files_b, b, "B")
 
     def _files_of(self, side: int) -> ValueFiles | None:
         if not self._opened[side]:
@@ -147,9 +147,25 @@ class StoredValues:
         return self._files[side]
 
 
-def _load(files: ValueFiles, file: str, where: str) -> Any:
+def _load(files: ValueFiles, record: TensorRecord, where: str) -> Any:
+    """The value of ``record``, checked to be the tensor the trace describes: a file that holds another shape (a
+    crafted or mixed-up trace directory) would be compared element by element against the wrong tensor."""
+    file = record.file
+    assert file is not None
+    value = _read(files, file, record.shape, where)
+    shape = tuple(getattr(value, "shape", ()))
+    if shape != record.shape:
+        raise TraceFormatError(
+            f"trace {where} refers to {file} in {files.directory}, which holds a tensor of shape {list(shape)} where "
+            f"the trace records {list(record.shape)}; the file does not belong to this trace (copy the trace "
+            "directory whole, or capture it again)."
+        )
+    return value
+
+
+def _read(files: ValueFiles, file: str, shape: tuple[int, ...], where: str) -> Any:
     try:
-        return files.load(file)
+        return files.load(file, shape)  # a reader that can checks the shape before reading the bytes
     except TraceFormatError:
         raise  # a reference leading out of the trace's directory: said as it is
     # re-raised with context: a file that cannot be opened or parsed (OSError, safetensors' own SafetensorError,

@@ -23,7 +23,7 @@ from typing import Any
 from graphtrace.errors import TraceFormatError
 from graphtrace.io.json_text import dumps_key
 from graphtrace.io.json_text import escape as _escape
-from graphtrace.io.safe_paths import write_atomic
+from graphtrace.io.safe_paths import read_json_file, write_atomic
 from graphtrace.model import CallNode, Stats, TensorRecord, Value
 from graphtrace.reprs import spec_shape
 
@@ -279,6 +279,9 @@ def _node_from_spec(raw: Mapping[str, Any], counts: dict[str, int]) -> CallNode:
     inputs = raw.get("inputs") or {}
     children = tuple(_node_from_spec(child, counts) for child in raw.get("children") or ())
     outputs = raw.get("outputs")
+    error = raw.get("error")
+    if error is not None and not isinstance(error, str):
+        raise TraceFormatError(f"the node {path[:120]!r} has an 'error' that is not a string: {str(error)[:80]!r}")
     return CallNode(
         path=path,
         index=index,
@@ -287,19 +290,13 @@ def _node_from_spec(raw: Mapping[str, Any], counts: dict[str, int]) -> CallNode:
         kwargs={key: _value_from_spec(v) for key, v in (inputs.get("kwargs") or {}).items()},
         outputs=None if outputs is None else _value_from_spec(outputs),
         children=children,
-        error=raw.get("error"),
+        error=error,
     )
 
 
 def read_spec_file(path: str | os.PathLike[str]) -> CallNode:
     """The call tree of a SUMMARY or FULL_TENSORS file (graphtrace's or transformers')."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            raw = json.load(handle)
-    except OSError as exc:
-        raise TraceFormatError(f"cannot read trace file {path}: {exc.strerror or exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise TraceFormatError(f"{path} is not valid JSON ({exc}); was it written completely?") from exc
+    raw = read_json_file(path)
     if not isinstance(raw, dict):
         raise TraceFormatError(f"{path} does not hold a call tree (its top level is a {type(raw).__name__})")
     return _node_from_spec(raw, {})

@@ -23,10 +23,10 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from graphtrace.errors import OutputPathError, UnsupportedTensorError
+from graphtrace.errors import OutputPathError, TraceFormatError, UnsupportedTensorError
 from graphtrace.io.file_writer import BackgroundWriter
 from graphtrace.io.repr_batch import PrintedValues, ReprBatch
-from graphtrace.io.safe_paths import inside
+from graphtrace.io.safe_paths import check_regular_file, create_new, inside, write_atomic
 from graphtrace.io.safetensors_format import DTYPE_NAMES, bundle_header, single_tensor_header, split_reference
 from graphtrace.io.tensor_repr import printed_values, repr_lines
 from graphtrace.reprs import SPEC_LINEWIDTH
@@ -203,8 +203,7 @@ class SafetensorsSink(_FileSink):
 
         def write() -> None:
             try:
-                _unlink(target)
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+                fd = create_new(target)
                 try:
                     _write_at(fd, memoryview(header), 0)
                     _write_at(fd, _memory(data), len(header))
@@ -273,6 +272,7 @@ def _copy_whole(source: Path, target: Path) -> None:
 def _save_file(data: torch.Tensor, target: Path, name: str) -> None:
     """safetensors' own writer, for the dtypes graphtrace does not write itself (float8, unsigned ints, ...)."""
     try:
+        _unlink(target)  # safetensors opens the name as it is: a link planted there would be written through
         save_file({"data": data}, str(target))
     except OSError as exc:
         _remove_partial(target)
@@ -342,7 +342,7 @@ class BundleSink(_FileSink):
         name = self._shard_name(len(self._shards) + 1)
         target = self.directory / name
         try:
-            self._fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            self._fd = create_new(target)  # never through a link planted under the name
         except OSError as exc:
             raise _output_error(target, exc) from exc
         self._shards.append(name)
@@ -408,10 +408,7 @@ class BundleSink(_FileSink):
         if self._shards:
             index = {"metadata": {"writer": "graphtrace"}, "weight_map": self._weight_map}
             path = self.directory / f"{self.stem}{BUNDLE_SUFFIX}.index.json"
-            try:
-                path.write_text(json.dumps(index, indent=1) + "\n", encoding="utf-8")
-            except OSError as exc:
-                raise _output_error(path, exc) from exc
+            write_atomic(path, json.dumps(index, indent=1) + "\n")
         self._shards, self._weight_map = [], {}
 
 
@@ -423,30 +420,59 @@ class TensorFiles:
         self.directory = Path(directory)
         self._shards: dict[str, Any] = {}
 
-    def load(self, file: str) -> torch.Tensor:
-        """The tensor ``file`` names, as :func:`load_tensor` reads it."""
-        from safetensors import safe_open
+    def load(self, file: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """The tensor ``file`` names, as :func:`load_tensor` reads it (``shape`` too)."""
 
         path, key = split_reference(file)
         if key is None:
-            return load_tensor(self.directory, file)
+            return load_tensor(self.directory, file, shape)
         handle = self._shards.get(path)
         if handle is None:
-            handle = self._shards[path] = safe_open(str(inside(self.directory, path)), framework="pt")
-        tensor: torch.Tensor = handle.get_tensor(key)
-        return tensor
+            handle = self._shards[path] = _open_value_file(self.directory, path)
+        return _tensor(handle, key, shape, f"{file} in {self.directory}")
 
 
-def load_tensor(directory: str | os.PathLike[str], file: str) -> torch.Tensor:
+def load_tensor(directory: str | os.PathLike[str], file: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
     """The tensor a record's ``file`` names, relative to ``directory``: ``./name.safetensors`` (the tensor under
-    ``data``) or, in a bundle, ``./shard.safetensors#key``."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
+    ``data``) or, in a bundle, ``./shard.safetensors#key``. With ``shape`` (the record's), a file whose header
+    says another shape is a TraceFormatError before any of its data is read."""
 
     path, key = split_reference(file)
-    target = inside(directory, path)  # never a file outside the trace's directory
-    if key is not None:
-        with safe_open(str(target), framework="pt") as handle:
-            found: torch.Tensor = handle.get_tensor(key)
-            return found
-    return load_file(str(target))["data"]
+    with _open_value_file(directory, path) as handle:
+        return _tensor(handle, "data" if key is None else key, shape, f"{file} in {directory}")
+
+
+def _tensor(handle: Any, key: str, shape: tuple[int, ...] | None, where: str) -> torch.Tensor:
+    """The tensor ``key`` of an open safetensors file, its shape checked in the header first: a crafted header may
+    describe gigabytes (of a sparse file) where the trace records a few numbers."""
+    if shape is not None:
+        found = tuple(handle.get_slice(key).get_shape())
+        if found != shape:
+            raise TraceFormatError(
+                f"{where} holds a tensor of shape {list(found)} where the trace records {list(shape)}; the file does "
+                "not belong to this trace (copy the trace directory whole, or capture it again)."
+            )
+    tensor: torch.Tensor = handle.get_tensor(key)
+    return tensor
+
+
+def _open_value_file(directory: str | os.PathLike[str], path: str) -> Any:
+    """safetensors' reader of the value file ``path`` names in ``directory``: never one outside it, and a regular
+    file. The file is opened non-blocking and checked on its descriptor, then read through that descriptor
+    (``/proc/self/fd``, where there is one), so that a FIFO put in its place after the check, on which safetensors
+    would wait forever, is never opened."""
+    from safetensors import safe_open
+
+    target = inside(directory, path)
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return safe_open(str(target), framework="pt")  # its error names the missing file; the caller adds the remedy
+    except OSError as exc:
+        raise TraceFormatError(f"cannot read trace file {target}: {exc.strerror or exc}.") from exc
+    try:
+        check_regular_file(target, fd)
+        opened = f"/proc/self/fd/{fd}"
+        return safe_open(opened if os.path.exists(opened) else str(target), framework="pt")
+    finally:
+        os.close(fd)

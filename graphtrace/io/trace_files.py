@@ -15,7 +15,6 @@ render do not import each other).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -24,7 +23,15 @@ from pathlib import Path
 
 from graphtrace.errors import OutputPathError, TraceFormatError
 from graphtrace.files import replacing
-from graphtrace.io.safe_paths import check_model_class, inside, write_atomic
+from graphtrace.io.safe_paths import (
+    check_model_class,
+    check_regular_file,
+    inside,
+    make_subdirectory,
+    read_json_file,
+    resolved,
+    write_atomic,
+)
 from graphtrace.io.safetensors_format import split_reference
 from graphtrace.io.spec_json import FULL_SUFFIX, SUMMARY_SUFFIX, read_spec_file, write_spec_files
 from graphtrace.io.trace_json import trace_from_json, trace_text
@@ -38,6 +45,7 @@ __all__ = [
     "rank_directory",
     "save_trace",
     "step_directory",
+    "stored_step_directory",
     "referenced_files",
 ]
 
@@ -63,6 +71,13 @@ def prepare_directory(path: str | os.PathLike[str], *, what: str = "trace direct
 def step_directory(directory: Path, step: int, steps: int) -> Path:
     """Where step ``step`` of ``steps`` keeps its spec files and values."""
     return directory if steps == 1 else directory / f"step_{step}"
+
+
+def stored_step_directory(directory: str | os.PathLike[str], step: int, steps: int) -> Path:
+    """Where step ``step`` of a saved trace in ``directory`` keeps its values, checked to lie inside ``directory``:
+    a ``step_{i}`` that is a link to another folder would have its references checked against that folder."""
+    folder = step_directory(Path(directory), step, steps)
+    return folder if steps == 1 else inside(directory, folder.name)
 
 
 def rank_directory(directory: str | os.PathLike[str], rank: int) -> Path:
@@ -102,13 +117,16 @@ def save_trace(trace: Trace, directory: str | os.PathLike[str]) -> list[str]:
     kept = [referenced_files(step) if source else set() for step in trace.steps]
     # every value file is found (and every reference checked) before anything is written
     copies = [
-        _value_files(kept[i], step_directory(source, i, steps), step_directory(target, i, steps)) if source else []
+        _value_files(kept[i], stored_step_directory(source, i, steps), step_directory(target, i, steps))
+        if source
+        else []
         for i in range(steps)
     ]
     written: list[Path] = []
     for i, step in enumerate(trace.steps):
         out = step_directory(target, i, steps)
-        out.mkdir(exist_ok=True)
+        if out != target:
+            make_subdirectory(out)
         written += write_spec_files(step, out, trace.meta.model_class)
         for src, dst in copies[i]:
             if src != dst:
@@ -129,7 +147,9 @@ def _value_files(kept: set[str], from_dir: Path, out: Path) -> list[tuple[Path, 
     pairs = []
     for file in sorted(kept | _bundle_indexes(from_dir, kept)):
         src, dst = inside(from_dir, file), inside(out, file)
-        if src != dst and not src.is_file():
+        if src != dst and src.exists():
+            check_regular_file(src)  # copying a FIFO would wait for a writer, a device never end
+        elif src != dst:
             raise TraceFormatError(
                 f"the trace refers to {file}, which is missing from {str(from_dir)!r}; copy the trace directory "
                 "with all its .safetensors files."
@@ -153,14 +173,14 @@ def _copy_value(source: Path, target: Path) -> None:
 def find_trace_file(path: str | os.PathLike[str]) -> Path:
     """The file to load for ``path``: a graphtrace or spec file itself, or the one such file in a directory."""
     candidate = Path(path)
-    if candidate.is_file():
-        return candidate
+    if candidate.exists() and not candidate.is_dir():
+        return candidate  # a FIFO or device is refused when read, with what it is
     if not candidate.is_dir():
         raise TraceFormatError(f"no trace at {str(candidate)!r}: no such file or directory")
     for suffix in (OWN_SUFFIX, SUMMARY_SUFFIX, FULL_SUFFIX):
         found = sorted(candidate.glob(f"*{suffix}"))
         if len(found) == 1:
-            return found[0]
+            return _inside_trace(candidate, found[0])
         if len(found) > 1:
             names = ", ".join(f.name for f in found)
             raise TraceFormatError(
@@ -178,6 +198,17 @@ def find_trace_file(path: str | os.PathLike[str]) -> Path:
     )
 
 
+def _inside_trace(directory: Path, file: Path) -> Path:
+    """``file``, found in the trace directory ``directory``, if it stays inside it once links are resolved: a trace
+    file linked from elsewhere would make the directory show a trace it does not hold."""
+    if not resolved(file).is_relative_to(resolved(directory)):
+        raise TraceFormatError(
+            f"{file} is a link to {resolved(file)}, outside the trace directory {str(directory)!r}; a trace directory "
+            "holds its own files (copy the file in, or pass the file itself)."
+        )
+    return file
+
+
 def load_trace(path: str | os.PathLike[str]) -> Trace:
     """Read a trace directory or file written by graphtrace, or by transformers' ``model_addition_debugger_context``
     (then only what that format holds is known: no call types, strategies, counts of non-finite values)."""
@@ -185,12 +216,13 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
     try:
         trace = _load_file(file)
         check_model_class(trace.meta.model_class)
-        for node in trace.walk():
-            for _, record in (*node.input_tensors(), *node.output_tensors()):
-                if record.file is not None:
-                    inside(file.parent, split_reference(record.file)[0])
-    except TraceFormatError:
-        raise
+        for step in trace.steps:  # each file once: a crafted trace may name one file from millions of records
+            for reference in sorted(referenced_files(step)):
+                inside(file.parent, reference)
+    except TraceFormatError as exc:
+        if str(file) in str(exc):
+            raise
+        raise TraceFormatError(f"{file}: {exc}") from exc  # which file of the directory is at fault
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
         # a crafted or damaged file: one line that says so, never a traceback
         what = "too deeply nested" if isinstance(exc, RecursionError) else f"{type(exc).__name__}: {str(exc)[:120]}"
@@ -201,16 +233,11 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
 def _load_file(file: Path) -> Trace:
     directory = str(file.parent)
     if file.name.endswith(OWN_SUFFIX):
-        try:
-            with open(file, encoding="utf-8") as handle:
-                raw = json.load(handle)
-        except json.JSONDecodeError as exc:
-            raise TraceFormatError(f"{file} is not valid JSON ({exc}); was it written completely?") from exc
-        return trace_from_json(raw, directory)
+        return trace_from_json(read_json_file(file), directory)
     if file.name.endswith(SUMMARY_SUFFIX):
         full = file.with_name(file.name[: -len(SUMMARY_SUFFIX)] + FULL_SUFFIX)
-        if full.is_file():
-            file = full
+        if full.is_file() and resolved(full).is_relative_to(resolved(file.parent)):
+            file = full  # the values beside the summary, unless a link leads elsewhere
     model_class = file.name.rsplit("_debug_tree_", 1)[0]
     root = read_spec_file(file)
     has_values = any(record.value is not None for record in _all_tensors(root))

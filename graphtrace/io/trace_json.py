@@ -45,7 +45,36 @@ def _float_out(x: float) -> float | str:
 
 
 def _float_in(x: Any) -> float:
-    return _NONFINITE[x] if isinstance(x, str) else float(x)
+    if isinstance(x, str) and x in _NONFINITE:
+        return _NONFINITE[x]
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return float(x)
+    raise TraceFormatError(f"unreadable number in trace file: {str(x)[:80]!r} is not a number, 'NaN' or 'Infinity'")
+
+
+def _count(value: Any, what: str) -> int:
+    count: int = _typed(value, int, what)
+    if count < 0:
+        raise TraceFormatError(f"unreadable {what} in trace file: {count} is negative")
+    return count
+
+
+def _sizes(value: Any, what: str) -> tuple[int, ...]:
+    """A shape: a list of non-negative ints."""
+    sizes = _typed(value, list, what)
+    if not all(isinstance(size, int) and not isinstance(size, bool) and size >= 0 for size in sizes):
+        raise TraceFormatError(f"unreadable {what} in trace file: {str(sizes)[:80]!r}")
+    return tuple(sizes)
+
+
+def _optional(value: Any, kind: type, what: str) -> Any:
+    return None if value is None else _typed(value, kind, what)
+
+
+def _strings(value: Any, what: str) -> tuple[str, ...]:
+    """A list of strings (data-flow sources)."""
+    items = _typed(value, list, what)
+    return tuple(_typed(item, str, what) for item in items)
 
 
 def _tensor_out(record: TensorRecord) -> dict[str, Any]:
@@ -68,9 +97,7 @@ def _tensor_out(record: TensorRecord) -> dict[str, Any]:
 
 def _tensor_in(raw: Mapping[str, Any]) -> TensorRecord:
     dtensor = raw.get("dtensor")
-    shape = _typed(raw["shape"], list, "tensor shape")
-    if not all(isinstance(size, int) and not isinstance(size, bool) and size >= 0 for size in shape):
-        raise TraceFormatError(f"unreadable tensor shape in trace file: {str(shape)[:80]!r}")
+    shape = _sizes(raw["shape"], "tensor shape")
     file = raw.get("file")
     if file is not None:
         _typed(file, str, "tensor file")
@@ -86,22 +113,25 @@ def _tensor_in(raw: Mapping[str, Any]) -> TensorRecord:
     ):
         raise TraceFormatError(f"unreadable tensor statistics in trace file: {str(spec_stats)[:80]!r}")
     return TensorRecord(
-        shape=tuple(shape),
+        shape=shape,
         dtype=_typed(raw["dtype"], str, "tensor dtype"),
         device=_typed(raw.get("device", "cpu"), str, "tensor device"),
         stats=Stats(*(_float_in(x) for x in stats)) if stats is not None else None,
         spec_stats=(spec_stats[0], spec_stats[1], spec_stats[2], spec_stats[3]) if spec_stats is not None else None,
-        nan_count=_typed(raw.get("nan", 0), int, "NaN count"),
-        inf_count=_typed(raw.get("inf", 0), int, "Inf count"),
+        nan_count=_count(raw.get("nan", 0), "NaN count"),
+        inf_count=_count(raw.get("inf", 0), "Inf count"),
         file=file,
         sketch=tuple(_float_in(x) for x in sketch) if sketch is not None else None,
-        dtensor=DTensorInfo(
-            placements=dtensor["placements"],
-            mesh_shape=tuple(dtensor["mesh_shape"]),
-            global_shape=tuple(dtensor["global_shape"]),
-        )
-        if dtensor
-        else None,
+        dtensor=_dtensor_in(dtensor) if dtensor else None,
+    )
+
+
+def _dtensor_in(raw: Any) -> DTensorInfo:
+    raw = _typed(raw, dict, "DTensor placement")
+    return DTensorInfo(
+        placements=_typed(raw["placements"], str, "DTensor placements"),
+        mesh_shape=_sizes(raw["mesh_shape"], "DTensor mesh shape"),
+        global_shape=_sizes(raw["global_shape"], "DTensor global shape"),
     )
 
 
@@ -152,7 +182,10 @@ def _node_out(node: CallNode) -> dict[str, Any]:
 
 def _typed(value: Any, kind: type, what: str) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise TraceFormatError(f"unreadable {what} in trace file: {str(value)[:80]!r} is not a {kind.__name__}")
+        name = kind.__name__
+        raise TraceFormatError(
+            f"unreadable {what} in trace file: {str(value)[:80]!r} is not {'an' if name[0] in 'aeiou' else 'a'} {name}"
+        )
     return value
 
 
@@ -171,8 +204,8 @@ def _node_in(raw: Mapping[str, Any]) -> CallNode:
         kwargs={key: _value_in(value) for key, value in raw.get("kwargs", {}).items()},
         outputs=None if raw.get("outputs") is None else _value_in(raw["outputs"]),
         children=tuple(_node_in(child) for child in raw.get("children", ())),
-        error=raw.get("error"),
-        inputs_from=tuple(raw.get("inputs_from", ())),
+        error=_optional(raw.get("error"), str, "call error"),
+        inputs_from=_strings(raw.get("inputs_from", []), "data-flow source"),
         source=_source_in(raw.get("source")),
     )
 
@@ -196,9 +229,10 @@ def _step_info_out(info: StepInfo) -> dict[str, Any]:
 
 def _step_info_in(raw: Mapping[str, Any]) -> StepInfo:
     cache = raw.get("cache")
+    cached, new = raw.get("cached_tokens"), raw.get("new_tokens")
     return StepInfo(
-        cached_tokens=raw.get("cached_tokens"),
-        new_tokens=raw.get("new_tokens"),
+        cached_tokens=None if cached is None else _count(cached, "cached token count"),
+        new_tokens=None if new is None else _count(new, "new token count"),
         cache=None if cache is None else _value_in(cache),
     )
 
@@ -372,12 +406,45 @@ def trace_from_json(raw: Any, directory: str | None = None) -> Trace:
             "install the graphtrace version that wrote it, or capture the trace again."
         )
     try:
-        meta_fields = {f.name for f in dataclasses.fields(TraceMeta)}
-        meta = TraceMeta(**{k: v for k, v in raw["meta"].items() if k in meta_fields})
-        steps = tuple(_node_in(step) for step in raw["steps"])
+        meta = _meta_in(raw["meta"])
+        steps = tuple(_node_in(step) for step in _typed(raw["steps"], list, "steps"))
         step_info = tuple(_step_info_in(info) for info in raw.get("step_info", ()))
+        fallbacks = _fallbacks_in(raw.get("fallbacks", {}))
+    except TraceFormatError:
+        raise
     except (KeyError, TypeError, ValueError) as exc:
         raise TraceFormatError(f"malformed graphtrace trace file: {type(exc).__name__}: {exc}") from exc
-    return Trace(
-        steps=steps, meta=meta, fallbacks=dict(raw.get("fallbacks", {})), directory=directory, step_info=step_info
-    )
+    for step in steps:
+        _check_unique_ids(step)
+    return Trace(steps=steps, meta=meta, fallbacks=fallbacks, directory=directory, step_info=step_info)
+
+
+_META_TYPES = {"str": str, "bool": bool, "int": int}
+
+
+def _meta_in(raw: Any) -> TraceMeta:
+    """The trace's metadata, each known field of the type TraceMeta declares (unknown fields, from a later minor
+    version, are left out); show and render format them as they are."""
+    values = {}
+    for field in dataclasses.fields(TraceMeta):
+        if field.name in _typed(raw, dict, "trace metadata"):
+            values[field.name] = _typed(raw[field.name], _META_TYPES[str(field.type)], f"trace metadata {field.name}")
+    return TraceMeta(**values)
+
+
+def _fallbacks_in(raw: Any) -> dict[str, str]:
+    fallbacks = _typed(raw, dict, "fallback reasons")
+    return {path: _typed(reason, str, "fallback reason") for path, reason in fallbacks.items()}
+
+
+def _check_unique_ids(step: CallNode) -> None:
+    """Every call of a step has its own id (``path@index``): the call graph and the comparison key calls by it, and
+    a call sharing its id with an ancestor would make the graph's nesting a cycle."""
+    seen: set[str] = set()
+    for node in step.walk():
+        if node.id in seen:
+            raise TraceFormatError(
+                f"malformed graphtrace trace file: the call {node.id[:120]!r} appears twice in one step; each call "
+                "of a step has its own path and index."
+            )
+        seen.add(node.id)

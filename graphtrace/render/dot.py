@@ -56,12 +56,19 @@ def to_dot(graph: nx.DiGraph) -> str:
         if data["inferred"]:
             attributes.update(INFERRED_EDGE)
         if graph.nodes[tail]["cluster"]:
-            attributes["ltail"] = f"cluster_{tail}"
+            attributes["ltail"] = f"cluster_{_dot_name(tail)}"
         if graph.nodes[head]["cluster"]:
-            attributes["lhead"] = f"cluster_{head}"
-        edge = pydot.Edge(str(last.get(tail, tail)), str(first.get(head, head)), **attributes)  # type: ignore[arg-type]
+            attributes["lhead"] = f"cluster_{_dot_name(head)}"
+        edge = pydot.Edge(_dot_name(last.get(tail, tail)), _dot_name(first.get(head, head)), **attributes)  # type: ignore[arg-type]
         dot.add_edge(edge)
     return dot.to_string()
+
+
+def _dot_name(node: Hashable) -> str:
+    """A call's id as pydot should write it: pydot quotes a name and escapes its quotes but not its backslashes, so
+    that a name from a crafted trace holding ``\\"`` would end the quoted string early and inject DOT (attributes
+    Graphviz acts on, or a syntax error). Doubled, a backslash stays part of the name."""
+    return str(node).replace("\\", "\\\\")
 
 
 def _add_members(
@@ -76,11 +83,11 @@ def _add_members(
     for node in reversed(members.get(parent, [])):
         data = graph.nodes[node]
         if data["cluster"]:
-            cluster = pydot.Cluster(str(node), **cluster_style(data, level))  # type: ignore[arg-type]
+            cluster = pydot.Cluster(_dot_name(node), **cluster_style(data, level))  # type: ignore[arg-type]
             container.add_subgraph(cluster)  # type: ignore[arg-type]  # pydot's stubs: a Cluster is a Subgraph
             _add_members(cluster, graph, members, node, level + 1)
         else:
-            container.add_node(pydot.Node(str(node), **box_style(data)))  # type: ignore[arg-type]
+            container.add_node(pydot.Node(_dot_name(node), **box_style(data)))  # type: ignore[arg-type]
 
 
 def write_graph(graph: nx.DiGraph, path: str | os.PathLike[str]) -> list[Path]:

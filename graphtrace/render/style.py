@@ -56,7 +56,9 @@ INFERRED_EDGE = {"style": "dashed", "color": FAINT}
 
 
 def _escape(text: str) -> str:
-    return html.escape(text, quote=False)
+    """``text`` inside an HTML-like label: markup escaped, and backslashes doubled, since Graphviz still expands
+    ``\\N``, ``\\G``, ``\\L`` ... there (a module named ``\\N`` would show another name)."""
+    return html.escape(text, quote=False).replace("\\", "\\\\")
 
 
 def _tensor_text(outputs: tuple[tuple[str, tuple[int, ...], str], ...]) -> str:
