@@ -48,6 +48,7 @@ def test_the_fingerprint_ignores_size_one_dims_and_last_dim_order() -> None:
     assert row_sketch(torch.tensor(1.0)) is None and row_sketch(torch.randn(2, 2).to(torch.complex64)) is None
     # integers (ids, positions) have no statistics but a fingerprint, exact in float64
     assert row_sketch(torch.arange(4)) == (6.0, 14.0) and row_sketch(torch.tensor([True, False])) == (1.0, 1.0)
+    assert row_sketch(torch.ones(2048, 1024, dtype=torch.bool)) is None  # a large mask: no fingerprint
 
 
 class Lookup(torch.nn.Module):

@@ -59,6 +59,10 @@ def test_a_faithful_port_compares_equal_stack_by_stack(
     # the bias each stack computes once pairs with the one transformers computes in the first block's attention
     assert paired["encoder.rel_bias"] == "encoder.block.0.layer.0.SelfAttention.relative_attention_bias"
     assert paired["decoder.rel_bias"] == "decoder.block.0.layer.0.SelfAttention.relative_attention_bias"
+    # and the first blocks, which hold the lookup in one model and not in the other, still pair: a block given the
+    # bias computes the same quantity as one that looked it up
+    assert paired["encoder.blocks.0"] == "encoder.block.0" and paired["decoder.blocks.0"] == "decoder.block.0"
+    assert paired["decoder.blocks.0.attn"] == "decoder.block.0.layer.0.SelfAttention"
     fused = {call.b.path.partition(".")[2] for call in result.calls if call.how == "fused"}
     assert "decoder.blocks.1.cross.kv" in fused and "encoder.blocks.0.attn.qkv" in fused, fused
 

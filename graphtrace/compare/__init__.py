@@ -168,7 +168,6 @@ def compare(
         step_calls = [diff_call(step_a, match, tolerance, stored) for match in matches]
         if alignment.fused:
             step_calls += diff_fused(step_a, alignment.fused, _caller(root_a, step_calls), tolerance, stored)
-        if alignment.fused:
             step_calls.sort(key=lambda call: order[id(call.a)])
         calls += step_calls
         only_a += [Unmatched(step_a, node) for node in alignment.only_a]

@@ -553,7 +553,8 @@ _BLOCK_NUMBER = re.compile(r"\.\d+(?=\.|$)")
 
 
 def without_block_number(path: str) -> str:
-    """``path`` with its block numbers left out (``model.layers.#.mlp``): the same code in every block."""
+    """``path`` with every numeric segment left out (``model.layers.#.mlp``, ``experts.#``): the same code in every
+    block."""
     return _BLOCK_NUMBER.sub(".#", path)
 
 
@@ -590,18 +591,23 @@ def _drop_crossed_boundaries(
     a_calls: Sequence[CallNode],
     b_calls: Sequence[CallNode],
     fused: Sequence[FusedMatch],
+    moved: Iterable[int] = (),
 ) -> bool:
     """Unpair containers that structure paired but that cut the model elsewhere (True when any was): a call
     inside one whose counterpart lies outside the other (transformers' ``BertSelfAttention`` ends before the output
     projection that a port's attention holds). Their outputs are different quantities, so neither agreement nor
-    departure between them means anything; their contents stay paired. ``a_calls`` and ``b_calls`` are in
-    pre-order (``walk``)."""
+    departure between them means anything; their contents stay paired. The leaves of A in ``moved`` were paired
+    because they are called elsewhere (:func:`_moved_leaves`: a lookup whose result the containers are given), and
+    cross nothing. ``a_calls`` and ``b_calls`` are in pre-order (``walk``)."""
+    moved = set(moved)
     end_a, end_b = _subtree_ends(a_calls), _subtree_ends(b_calls)
     position_a = {id(node): i for i, node in enumerate(a_calls)}
     position_b = {id(node): j for j, node in enumerate(b_calls)}
     counterpart_b: dict[int, list[int]] = defaultdict(list)  # position in A -> positions of its counterparts in B
     counterpart_a: dict[int, list[int]] = defaultdict(list)
     for i, (j, _) in found.items():
+        if i in moved:
+            continue
         if not (_passes_through(a_calls[i]) or _passes_through(b_calls[j])):  # a no-op may sit on either side
             counterpart_b[i].append(j)
             counterpart_a[j].append(i)
@@ -633,13 +639,14 @@ def _moved_leaves(
     a_calls: Sequence[CallNode],
     b_calls: Sequence[CallNode],
     reserved: tuple[set[int], set[int]],
-) -> None:
+) -> set[int]:
     """Pair leaves that one implementation calls in another container than the other (T5's relative position bias,
     computed in the first block's attention, and a port's, computed once in the stack): no order-preserving pass
     reaches them, since each lies in a gap the other's does not. Inside the innermost pair of matched containers
     that holds both, a leaf of A pairs with a leaf of B of the same module type, input and output shapes when each
     is the only unmatched one of its kind there. Calls that return what they were given (dropouts) never pair so:
-    where they sit says nothing. ``a_calls`` and ``b_calls`` are in pre-order (``walk``)."""
+    where they sit says nothing. Returns the positions in A of the leaves paired. ``a_calls`` and ``b_calls`` are in
+    pre-order (``walk``)."""
     end_a, end_b = _subtree_ends(a_calls), _subtree_ends(b_calls)
     matched_b = {j for j, _ in found.values()}
 
@@ -654,8 +661,9 @@ def _moved_leaves(
         return by_kind
 
     loose_a, loose_b = loose(a_calls, found, reserved[0]), loose(b_calls, matched_b, reserved[1])
+    paired: set[int] = set()
     if not loose_a.keys() & loose_b.keys():
-        return
+        return paired
     kind_a = {k: key for key, positions in loose_a.items() for k in positions}
     stack: list[int] = []  # A's containers open at each position of the pre-order walk
     for i, node in enumerate(a_calls):
@@ -678,7 +686,9 @@ def _moved_leaves(
             if same_a == [i] and len(same_b) == 1:
                 found[i] = (same_b[0], "structure")
                 matched_b.add(same_b[0])
+                paired.add(i)
             break
+    return paired
 
 
 def _subtree_ends(calls: Sequence[CallNode]) -> list[int]:
@@ -757,12 +767,11 @@ def align_calls(
     )
     if mode != "path":
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=False, reserved=reserved)
-    if mode != "path":
-        _moved_leaves(found, a_calls, b_calls, reserved)
-    if _drop_crossed_boundaries(found, a_calls, b_calls, fused) and mode != "path":
+    moved = _moved_leaves(found, a_calls, b_calls, reserved) if mode != "path" else set()
+    if _drop_crossed_boundaries(found, a_calls, b_calls, fused, moved) and mode != "path":
         # the unpaired containers no longer cut the gaps: what they kept apart may pair now (then check again)
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=False, reserved=reserved)
-        _drop_crossed_boundaries(found, a_calls, b_calls, fused)
+        _drop_crossed_boundaries(found, a_calls, b_calls, fused, moved)
     matches = tuple(Match(a_calls[i], b_calls[j], how) for i, (j, how) in sorted(found.items()))
     taken_b = {j for j, _ in found.values()}
     return Alignment(

@@ -10,13 +10,12 @@ is reported. Full values are loaded (through the :class:`ValueFiles` the caller 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from graphtrace.compare.align import Match, MatchKind
+from graphtrace.compare.align import Match, MatchKind, without_block_number
 from graphtrace.compare.fused import FusedMatch, concatenated_record
 from graphtrace.compare.fused_layout import PartColumns, part_columns
 from graphtrace.compare.measure import Status, TensorDiff, Tolerance, measure, shape_key
@@ -238,9 +237,9 @@ def diff_fused(
     shown: dict[tuple[object, ...], dict[tuple[int, tuple[int, ...]], PartColumns]] = {}
     for fused, layout, agrees in zip(found, layouts, agreeing, strict=True):
         if layout is not None and layout.proven and agrees:
-            shown.setdefault(_same_code(fused), {})[layout.key] = layout
+            shown.setdefault(_fused_code(fused), {})[layout.key] = layout
     for k, (fused, pair, layout, agrees) in enumerate(zip(found, values, layouts, agreeing, strict=True)):
-        lessons = shown.get(_same_code(fused), {})
+        lessons = shown.get(_fused_code(fused), {})
         if layout is None or pair is None or agrees or len(lessons) != 1:
             continue
         (usual,) = lessons.values()
@@ -256,17 +255,14 @@ def _caller_agrees(call: CallDiff | None) -> bool:
     return call is not None and call.status == "equal"
 
 
-def _same_code(fused: FusedMatch) -> tuple[object, ...]:
+def _fused_code(fused: FusedMatch) -> tuple[object, ...]:
     """What a fused match shares with the same fused call and parts of another block: their paths without block
     numbers."""
     return (
         fused.fused_in_a,
-        _BLOCK_NUMBER.sub(".#", fused.fused.path),
-        tuple(_BLOCK_NUMBER.sub(".#", part.path) for part in fused.parts),
+        without_block_number(fused.fused.path),
+        tuple(without_block_number(part.path) for part in fused.parts),
     )
-
-
-_BLOCK_NUMBER = re.compile(r"\.\d+(?=\.|$)")
 
 
 def _layout(fused: FusedMatch, values: tuple[Any, list[Any]] | None, tolerance: Tolerance) -> PartColumns | None:

@@ -21,10 +21,22 @@ from graphtrace.engine import std_bound
 from graphtrace.model import Stats
 from graphtrace.reprs import sanitize_repr, spec_printoptions
 
-__all__ = ["NO_STATS", "SKETCH_GROUPS", "SPEC_STAT_DTYPES", "TensorSummary", "format_scalar", "row_sketch", "summarize"]
+__all__ = [
+    "MAX_INTEGER_SKETCH",
+    "NO_STATS",
+    "SKETCH_GROUPS",
+    "SPEC_STAT_DTYPES",
+    "TensorSummary",
+    "format_scalar",
+    "row_sketch",
+    "summarize",
+]
 
 SKETCH_GROUPS = 16
 """At most this many row groups in a value fingerprint (TensorRecord.sketch)."""
+
+MAX_INTEGER_SKETCH = 1 << 20
+"""Integer and boolean tensors of up to this many elements get a value fingerprint (ids, positions, buckets)."""
 
 SPEC_STAT_DTYPES = frozenset({torch.float16, torch.float32, torch.bfloat16})
 """The dtypes for which transformers writes mean/std/min/max."""
@@ -186,10 +198,13 @@ def _groups(shape: torch.Size) -> int:
 
 def row_sketch(tensor: torch.Tensor) -> tuple[float, ...] | None:
     """The value fingerprint of ``tensor`` (see TensorRecord.sketch), or None for a complex tensor, a sparse or meta
-    one. Integer and boolean tensors (ids, positions) have no statistics, but a fingerprint, summed in float64: for
-    them it is exact."""
+    one. Integer and boolean tensors (ids, positions) have no statistics, but a fingerprint, summed in float64:
+    exact while the sums stay below 2**53 (ids and positions: sums of squares of values below 2**26 per element, up to
+    the size limit)."""
     if tensor.dtype.is_complex or tensor.layout != torch.strided or tensor.is_meta:
         return None
+    if not tensor.dtype.is_floating_point and tensor.numel() > MAX_INTEGER_SKETCH:
+        return None  # a large mask: two float64 copies of it, for a fingerprint no diff needs
     groups = _groups(tensor.shape)
     if not groups:
         return None
