@@ -443,7 +443,7 @@ def _evidence_pass(
         children_b = [position_b[id(child)] for child in parent_b.children if _aligns(child, containers_only=False)]
         xs = [k for k in children_a if k not in found]
         ys = [k for k in children_b if k not in matched_b]
-        if len(children_a) * len(children_b) > EVIDENCE_CELLS:
+        if len(xs) * len(ys) > EVIDENCE_CELLS:
             continue
         if not score.close(_output_probe(parent_a), _output_probe(parent_b)):
             departing.append((parent_a, parent_b, children_a, children_b))
@@ -452,13 +452,13 @@ def _evidence_pass(
             found[k] = (other, "structure")
             matched_b.add(other)
         order = frozenset(_child_order(children_a, children_b, found))
-        key = _same_code(parent_a, parent_b, children_a, children_b)
+        key = _same_code(parent_a, parent_b, [a_calls[k] for k in children_a], [b_calls[k] for k in children_b])
         orders[key] = orders[key] & order if key in orders else order
     departing.sort(key=lambda group: position_a[id(group[0])])
     for parent_a, parent_b, children_a, children_b in departing:
         xs = [k for k in children_a if k not in found]
         ys = [k for k in children_b if k not in matched_b]
-        key = _same_code(parent_a, parent_b, children_a, children_b)
+        key = _same_code(parent_a, parent_b, [a_calls[k] for k in children_a], [b_calls[k] for k in children_b])
         learned = orders.get(key)
         if learned is not None:
             pairs = [
@@ -543,10 +543,18 @@ def _child_order(
             yield p, place_b[pair[0]]
 
 
-def _same_code(a: CallNode, b: CallNode, children_a: Sequence[int], children_b: Sequence[int]) -> tuple[object, ...]:
+def _same_code(
+    a: CallNode, b: CallNode, children_a: Sequence[CallNode], children_b: Sequence[CallNode]
+) -> tuple[object, ...]:
     """What two paired containers share with the same pair of modules in another block: their paths with block
-    numbers left out, and how many calls they make."""
-    return (without_block_number(a.path), without_block_number(b.path), len(children_a), len(children_b))
+    numbers left out, and the kinds of module they call, in order (a hybrid stack's attention layers and its
+    state-space layers share a path but not their code)."""
+    return (
+        without_block_number(a.path),
+        without_block_number(b.path),
+        tuple(child.type_name for child in children_a),
+        tuple(child.type_name for child in children_b),
+    )
 
 
 _BLOCK_NUMBER = re.compile(r"\.\d+(?=\.|$)")
