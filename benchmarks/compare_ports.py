@@ -34,6 +34,7 @@ from tests import (  # noqa: E402
     independent_seq_first,
     independent_t5,
     independent_vit,
+    independent_vllm,
 )
 from tests.independent_cases import (  # noqa: E402
     BERT_CASES,
@@ -62,6 +63,8 @@ def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fus
         return independent_moe.port_of(originals["moe"], bug=bug)
     if arch == "seq-first":
         return independent_seq_first.port_of(originals["seq"], bug)
+    if arch == "vllm":
+        return independent_vllm.port_of(originals["vllm"], bug)
     if arch == "t5":
         return independent_t5.port_of(originals["t5"], bug=bug)
     if arch == "phi3":
@@ -83,6 +86,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "neox": independent_neox.hf_neox(),
         "phi3": independent_phi3.hf_phi3(),
         "t5": independent_t5.hf_t5(),
+        "vllm": independent_vllm.hf_qwen(),
         "seq": independent_llama.hf_llama(),  # the Llama again, given a batch of two
         "moe": independent_moe.hf_mixtral(),
     }
@@ -95,6 +99,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "phi3": independent_phi3.RULES,
         "t5": independent_t5.RULES,
         "seq-first": independent_seq_first.RULES,
+        "vllm": (),  # its names are transformers' already
         "moe": independent_moe.RULES,
         "gpt2-split": (),
         "llama-lean": independent_lean_llama.RULES,
@@ -114,17 +119,18 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     inputs["t5"] = (independent_t5.hf_inputs(t5_ids, t5_target), (t5_ids, t5_target))
     batch = independent_seq_first.token_ids()
     inputs["seq"] = inputs["seq-first"] = ({"input_ids": batch}, (batch,))
+    inputs["vllm"] = inputs["llama"]
     inputs["gpt2-split"] = inputs["gpt2"]
     inputs["llama-lean"] = inputs["llama"]
     faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False), ("moe", False))
-    faithful += (("llama-lean", False), ("phi3", False), ("t5", False), ("seq-first", False))
+    faithful += (("llama-lean", False), ("phi3", False), ("t5", False), ("seq-first", False), ("vllm", False))
     cases = [(arch, None, fused, None) for arch, fused in faithful]
     cases += [(arch, variant, False, None) for arch, variant in REORDERED]
     cases += [("phi3", variant, False, None) for variant in independent_phi3.VARIANTS]
     cases += list(CASES) + VIT_CASES + BERT_CASES
     cases += SPLIT_CASES + NEOX_CASES + COMPOUND_CASES + independent_moe.CASES + independent_lean_llama.CASES
     cases += independent_phi3.CASES + independent_phi3.COMPOUND_CASES + independent_t5.CASES
-    cases += independent_seq_first.CASES
+    cases += independent_seq_first.CASES + independent_vllm.CASES
     rows = []
     for values in MODES:
         for arch in originals:  # gpt2-split's original is gpt2

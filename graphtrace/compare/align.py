@@ -104,10 +104,29 @@ def _by_path(
         path = relative_path(node, a_root)
         renamed = apply_rules(rules, path, used)
         j = b_index.get((renamed, node.index))
-        if j is not None and j not in taken:
-            found[i] = (j, "path" if renamed == path else "rule")
-            taken.add(j)
+        if j is None or j in taken:
+            continue
+        if renamed == path and not _same_interface(node, b_calls[j]):
+            continue  # the same name for another computation (transformers' SiLU act_fn, a port's SiluAndMul)
+        found[i] = (j, "path" if renamed == path else "rule")
+        taken.add(j)
     return found
+
+
+def _same_interface(a: CallNode, b: CallNode) -> bool:
+    """Whether two calls of the same name may be the same computation. A rename rule is the user's word; a name alone
+    may be shared by modules that compute other things: a leaf given a first tensor of another shape (up to size-1
+    dims and dim order: transformers' SiLU ``act_fn`` given the gate, a port's ``SiluAndMul`` gate and up), or a
+    container that also returns another number of tensors (a vLLM layer given positions first, returning its
+    output and the residual apart). A container's name is its role otherwise (an encoder given ids or their
+    embeddings)."""
+    given_a = next((record for _, record in a.input_tensors()), None)
+    given_b = next((record for _, record in b.input_tensors()), None)
+    if given_a is None or given_b is None or shape_key(given_a.shape) == shape_key(given_b.shape):
+        return True
+    if a.leaf and b.leaf:
+        return False
+    return len(list(a.output_tensors())) == len(list(b.output_tensors()))
 
 
 # -- by structure --------------------------------------------------------------------------------------------------

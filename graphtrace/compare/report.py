@@ -148,13 +148,17 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
 
 
 def _inputs_depart(call: CallDiff) -> bool:
-    """Whether ``call`` was given what its counterpart was not. Integer inputs that differ under an equal output are
-    other quantities (transformers gives OPT's position embedding the attention mask, a port the positions), not a
-    departure; floating ones are one, which a call's output may hide within tolerance (a projection)."""
+    """Whether ``call`` was given what its counterpart was not. Inputs that differ under an equal output are other
+    quantities, not a departure, when one call takes tensors the other lacks (vLLM's norm is given the attention
+    output and the residual to add, transformers' their sum) or when they are integers (transformers gives OPT's
+    position embedding the attention mask, a port the positions); otherwise they are one, which a call's output may
+    hide within tolerance (a projection)."""
     if call.inputs_agree:
         return False
     if call.status != "equal":
         return True
+    if any(name.startswith("inputs") for name in (*call.only_in_a, *call.only_in_b)):
+        return False  # given other arguments too (a norm that adds the residual it is given): other quantities
     return any(d.status == "diverged" and _floating(d.dtype_a) and _floating(d.dtype_b) for d in call.inputs)
 
 
