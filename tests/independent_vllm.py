@@ -182,7 +182,7 @@ def port_of(hf, bug=None):
     return m.eval()
 
 
-# (arch, bug, fused, where it lives); the norm's eps is blamed on its layer (see tests/test_independent_vllm.py)
+# (arch, bug, fused, where it lives)
 CASES = [
     ("vllm", "rope_base", False, "model.layers.0.self_attn"),
     ("vllm", "eps", False, "model.layers.1.post_attention_layernorm"),

@@ -115,18 +115,28 @@ def _by_path(
 
 def _same_interface(a: CallNode, b: CallNode) -> bool:
     """Whether two calls of the same name may be the same computation. A rename rule is the user's word; a name alone
-    may be shared by modules that compute other things: a leaf given a first tensor of another shape (up to size-1
-    dims and dim order: transformers' SiLU ``act_fn`` given the gate, a port's ``SiluAndMul`` gate and up), or a
-    container that also returns another number of tensors (a vLLM layer given positions first, returning its
-    output and the residual apart). A container's name is its role otherwise (an encoder given ids or their
-    embeddings)."""
-    given_a = next((record for _, record in a.input_tensors()), None)
-    given_b = next((record for _, record in b.input_tensors()), None)
-    if given_a is None or given_b is None or shape_key(given_a.shape) == shape_key(given_b.shape):
-        return True
+    may be shared by modules that compute other things (vLLM keeps transformers' names on its own code):
+
+    - a leaf given no tensor of a shape the other is given (up to size-1 dims and dim order: transformers' SiLU
+      ``act_fn`` given the gate, vLLM's ``SiluAndMul`` given gate and up; a rotary module given the positions alone
+      still pairs with transformers', given the hidden states and the positions);
+    - a container that returns another number of tensors of its first output's shape (a vLLM layer returns its
+      output and the residual apart, transformers' their sum; attention weights beside an attention's output have
+      another shape and do not count).
+
+    A container's name is its role otherwise (an encoder given ids or their embeddings)."""
     if a.leaf and b.leaf:
-        return False
-    return len(list(a.output_tensors())) == len(list(b.output_tensors()))
+        given_a = {shape_key(record.shape) for _, record in a.input_tensors()}
+        given_b = {shape_key(record.shape) for _, record in b.input_tensors()}
+        return not given_a or not given_b or bool(given_a & given_b)
+    counts = _outputs_like_first(a), _outputs_like_first(b)
+    return 0 in counts or counts[0] == counts[1]  # no outputs (transformers' format, a call that raised): its role
+
+
+def _outputs_like_first(node: CallNode) -> int:
+    """How many output tensors have the shape of the first (up to size-1 dims and dim order)."""
+    shapes = [shape_key(record.shape) for _, record in node.output_tensors()]
+    return sum(shape == shapes[0] for shape in shapes) if shapes else 0
 
 
 # -- by structure --------------------------------------------------------------------------------------------------

@@ -565,8 +565,12 @@ def measure(
     b: TensorRecord,
     tolerance: Tolerance,
     values: tuple[Any, Any] | None = None,
+    *,
+    any_dims_order: bool = True,
 ) -> TensorDiff:
-    """Compare two tensor records; ``values`` holds both full tensors when they are available."""
+    """Compare two tensor records; ``values`` holds both full tensors when they are available. Without
+    ``any_dims_order`` (the model's own output, which its caller reads as it is laid out), the same dims in another
+    order are another shape."""
     rtol, atol = tolerance.for_dtypes(a.dtype, b.dtype)
     base: dict[str, Any] = {
         "name_a": name_a,
@@ -580,7 +584,7 @@ def measure(
     }
     order = None
     if a.shape != b.shape:
-        order = dims_order(a.shape, b.shape)
+        order = dims_order(a.shape, b.shape) if any_dims_order else None
         if squeezed(a.shape) != squeezed(b.shape) and order is None:
             return TensorDiff(
                 **base, basis="none", status="diverged", reason=f"shape {list(a.shape)} vs {list(b.shape)}"

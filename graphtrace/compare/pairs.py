@@ -177,12 +177,17 @@ def _read(files: ValueFiles, file: str, shape: tuple[int, ...], where: str) -> A
 
 
 def _measure_pairs(
-    prefix: str, pairs: list[tuple[Named, Named]], tolerance: Tolerance, stored: StoredValues
+    prefix: str,
+    pairs: list[tuple[Named, Named]],
+    tolerance: Tolerance,
+    stored: StoredValues,
+    *,
+    any_dims_order: bool = True,
 ) -> tuple[TensorDiff, ...]:
     diffs = []
     for (name_a, a), (name_b, b) in pairs:
         values = stored.both(a, b) if shape_key(a.shape) == shape_key(b.shape) else None
-        diffs.append(measure(prefix + name_a, a, prefix + name_b, b, tolerance, values))
+        diffs.append(measure(prefix + name_a, a, prefix + name_b, b, tolerance, values, any_dims_order=any_dims_order))
     return tuple(diffs)
 
 
@@ -196,6 +201,11 @@ def _error(a: CallNode, b: CallNode) -> str | None:
     return f"A raised {a.error}; B raised {b.error}"
 
 
+def _called_from_inside(node: CallNode) -> bool:
+    """Whether ``node`` is a call inside the model (not the step's root, whose output its caller reads)."""
+    return "." in node.path or node.kind == "op"
+
+
 def diff_call(step: int, match: Match, tolerance: Tolerance, stored: StoredValues) -> CallDiff:
     """Compare the inputs and outputs of one matched pair; ``stored`` reads the traces' full values."""
     a, b = match.a, match.b
@@ -207,7 +217,8 @@ def diff_call(step: int, match: Match, tolerance: Tolerance, stored: StoredValue
         b=b,
         how=match.how,
         inputs=_measure_pairs("inputs", in_pairs, tolerance, stored),
-        outputs=_measure_pairs("outputs", out_pairs, tolerance, stored),
+        # the model's own output is read as it is laid out: a transposed result is another shape
+        outputs=_measure_pairs("outputs", out_pairs, tolerance, stored, any_dims_order=_called_from_inside(a)),
         only_in_a=tuple([f"inputs{n}" for n in in_a] + [f"outputs{n}" for n in out_a]),
         only_in_b=tuple([f"inputs{n}" for n in in_b] + [f"outputs{n}" for n in out_b]),
         error=_error(a, b),

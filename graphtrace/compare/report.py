@@ -19,7 +19,7 @@ from typing import Any
 from graphtrace.compare.align import returned_order
 from graphtrace.compare.measure import STAT_NAMES, TensorDiff, Tolerance
 from graphtrace.compare.pairs import CallDiff
-from graphtrace.model import CallNode, Trace, services
+from graphtrace.model import CallNode, TensorRecord, Trace, services
 
 __all__ = ["REPORT_FORMAT", "Comparison", "Divergence", "Unmatched", "first_divergence", "locate_divergence"]
 
@@ -85,10 +85,11 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
         b_counterparts.setdefault(call.b.path, set()).add(call.a.path)
 
     b_calls = {id(call.b): call for call in module_calls.values()}
+    fed_well = _fed_by_agreeing_calls(calls)
 
     def visit(node: CallNode, outer: CallDiff | None) -> Divergence | None:
         here = module_calls.get(id(node))
-        if here is not None and _inputs_depart(here):
+        if here is not None and _inputs_depart(here, fed_well):
             if outer is None:
                 return None  # different inputs to the whole model: not a porting question
             outer = _b_caller(outer, here, b_tree, b_calls)
@@ -147,19 +148,40 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
     return Divergence(legacy, False, f"{_short_name(legacy)}: {why} ({legacy.reason})")
 
 
-def _inputs_depart(call: CallDiff) -> bool:
-    """Whether ``call`` was given what its counterpart was not. Inputs that differ under an equal output are other
-    quantities, not a departure, when one call takes tensors the other lacks (vLLM's norm is given the attention
-    output and the residual to add, transformers' their sum) or when they are integers (transformers gives OPT's
-    position embedding the attention mask, a port the positions); otherwise they are one, which a call's output may
-    hide within tolerance (a projection)."""
+def _inputs_depart(call: CallDiff, fed_well: Callable[[CallDiff], bool] = lambda call: False) -> bool:
+    """Whether ``call`` was given what its counterpart was not. When one call takes tensors the other lacks (vLLM's
+    norm is given the attention output and the residual to add, transformers' their sum), differing inputs are other
+    quantities, not a departure, if its output agrees or if every call that produced B's inputs agrees
+    (``fed_well``): the call is then judged by its output. So are integer inputs that differ under an equal output
+    (transformers gives OPT's position embedding the attention mask, a port the positions). Otherwise differing
+    inputs are a departure, which a call's output may hide within tolerance (a projection)."""
     if call.inputs_agree:
         return False
+    if any(name.startswith("inputs") for name in (*call.only_in_a, *call.only_in_b)):
+        if call.status == "equal" or fed_well(call):
+            return False  # given other arguments too (a norm that adds the residual it is given)
     if call.status != "equal":
         return True
-    if any(name.startswith("inputs") for name in (*call.only_in_a, *call.only_in_b)):
-        return False  # given other arguments too (a norm that adds the residual it is given): other quantities
     return any(d.status == "diverged" and _floating(d.dtype_a) and _floating(d.dtype_b) for d in call.inputs)
+
+
+def _fed_by_agreeing_calls(calls: Sequence[CallDiff]) -> Callable[[CallDiff], bool]:
+    """Whether each tensor a call of B was given is, unchanged, the output of a call that is paired and agrees (False
+    when one was made in a caller's own code: a norm computed there, however it agreed before)."""
+    by_id = {(call.step, call.b.id): call for call in calls if call.a.kind != "op"}
+
+    def fed_well(call: CallDiff) -> bool:
+        producers = [by_id.get((call.step, source)) for source in call.b.inputs_from]
+        if not producers or any(found is None or found.status != "equal" for found in producers):
+            return False
+        made = {_fingerprint(record) for found in producers if found for _, record in found.b.output_tensors()}
+        return all(_fingerprint(record) in made for _, record in call.b.input_tensors())
+
+    return fed_well
+
+
+def _fingerprint(record: TensorRecord) -> tuple[object, ...]:
+    return (record.shape, record.dtype, record.stats, record.sketch)
 
 
 def _floating(dtype: str) -> bool:
@@ -269,7 +291,8 @@ def _first_diverging(calls: tuple[CallDiff, ...]) -> CallDiff | None:
             return call
     if diverged:
         return diverged[0]
-    return next((call for call in modules if not call.inputs_agree), None)
+    fed_well = _fed_by_agreeing_calls(calls)
+    return next((call for call in modules if _inputs_depart(call, fed_well)), None)
 
 
 def first_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode] = ()) -> CallDiff | None:
@@ -315,8 +338,11 @@ class Comparison:
     def diverged(self) -> tuple[CallDiff, ...]:
         """The matched module calls whose outputs or inputs diverge (see :func:`_inputs_depart`). Op records are not
         counted: an op's divergence shows in its module's output."""
+        fed_well = _fed_by_agreeing_calls(self.calls)
         return tuple(
-            call for call in self.calls if call.a.kind != "op" and (call.status == "diverged" or _inputs_depart(call))
+            call
+            for call in self.calls
+            if call.a.kind != "op" and (call.status == "diverged" or _inputs_depart(call, fed_well))
         )
 
     @property
