@@ -493,7 +493,9 @@ def _evidence_pass(
             pairs = [
                 (children_a[p], children_b[q])
                 for p, q in sorted(learned)
-                if children_a[p] in xs and children_b[q] in ys and _fit(a_calls[children_a[p]], b_calls[children_b[q]])
+                if children_a[p] in xs
+                and children_b[q] in ys
+                and _fit(_Signature(a_calls[children_a[p]]), _Signature(b_calls[children_b[q]]))
             ]
         else:
             pairs = _evidence_pairs(xs, ys, a_calls, b_calls, score)
@@ -526,10 +528,13 @@ def _same_input_pairs(
         )
 
     pairs = []
-    for x in signatures_a:
-        fits = [y for y in signatures_b if alike(x, y)]
-        if len(fits) == 1 and sum(alike(other, fits[0]) for other in signatures_a) == 1 and _fit(x.node, fits[0].node):
-            pairs.append((xs[signatures_a.index(x)], ys[signatures_b.index(fits[0])]))
+    for i, x in enumerate(signatures_a):
+        fits = [j for j, y in enumerate(signatures_b) if alike(x, y)]
+        if len(fits) != 1:
+            continue
+        y = signatures_b[fits[0]]
+        if sum(alike(other, y) for other in signatures_a) == 1 and _fit(x, y):
+            pairs.append((xs[i], ys[fits[0]]))
     return pairs
 
 
@@ -595,9 +600,8 @@ def without_block_number(path: str) -> str:
     return _BLOCK_NUMBER.sub(".#", path)
 
 
-def _fit(a: CallNode, b: CallNode) -> bool:
+def _fit(x: _Signature, y: _Signature) -> bool:
     """Two calls that could be one: the same kind and the same input and output shapes."""
-    x, y = _Signature(a), _Signature(b)
     shapes_x = shape_key(x.first_out.shape) if x.first_out is not None else None
     shapes_y = shape_key(y.first_out.shape) if y.first_out is not None else None
     return x.key == y.key and shapes_x == shapes_y
