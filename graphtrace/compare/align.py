@@ -214,7 +214,8 @@ class _Scorer:
             if first_x != first_y:
                 return 0
         score = 4
-        if x.node.type_name and x.node.type_name == y.node.type_name:
+        same_type = _same_type(x, y)
+        if same_type:
             score += 4
         if x.out_shapes is not None and x.out_shapes == y.out_shapes:
             score += 1
@@ -235,7 +236,6 @@ class _Scorer:
             if max(x.size, y.size) <= 2 * min(x.size, y.size):
                 score += 1  # a block is more like a block than like the stack of all blocks
             unmeasured = x.in_probe is None or y.in_probe is None  # token ids: no statistics to test the input by
-            same_type = bool(x.node.type_name) and x.node.type_name == y.node.type_name
             evidence = same_output or same_input or same_type or _same_block(x, y)
             if not evidence and shared and self.same_place is not None:
                 evidence = self.same_place(x.node, y.node)  # made of the same kinds, where matched callers call
@@ -250,6 +250,15 @@ class _Scorer:
         if dtypes not in self.tolerances:
             self.tolerances[dtypes] = self.tolerance.for_dtypes(*dtypes)
         return x.close_to(y, *self.tolerances[dtypes])
+
+
+def _same_type(x: _Signature, y: _Signature) -> bool:
+    """Both calls are of the same module type, and not merely by name: two containers that both call modules but
+    none of the same kind are other code under one class name (mamba-minimal's ``MambaBlock`` is the mixer inside
+    the layer that transformers calls ``MambaBlock``)."""
+    if not x.node.type_name or x.node.type_name != y.node.type_name:
+        return False
+    return not (x.child_types and y.child_types and not x.child_types & y.child_types)
 
 
 def _same_block(x: _Signature, y: _Signature) -> bool:

@@ -22,7 +22,7 @@ from graphtrace.compare.measure import Status, TensorDiff, Tolerance, measure, s
 from graphtrace.errors import TraceFormatError
 from graphtrace.model import CallNode, TensorRecord, Trace
 
-__all__ = ["CallDiff", "OpenValues", "StoredValues", "ValueFiles", "diff_call", "diff_fused"]
+__all__ = ["CallDiff", "OpenValues", "StoredValues", "ValueFiles", "diff_call", "diff_fused", "taught_layouts"]
 
 Named = tuple[str, TensorRecord]
 
@@ -183,11 +183,17 @@ def _measure_pairs(
     stored: StoredValues,
     *,
     any_dims_order: bool = True,
+    layouts: Sequence[str] | None = None,
 ) -> tuple[TensorDiff, ...]:
     diffs = []
-    for (name_a, a), (name_b, b) in pairs:
+    for k, ((name_a, a), (name_b, b)) in enumerate(pairs):
         values = stored.both(a, b) if shape_key(a.shape) == shape_key(b.shape) else None
-        diffs.append(measure(prefix + name_a, a, prefix + name_b, b, tolerance, values, any_dims_order=any_dims_order))
+        layout = layouts[k] if layouts is not None and k < len(layouts) else None
+        diffs.append(
+            measure(
+                prefix + name_a, a, prefix + name_b, b, tolerance, values, any_dims_order=any_dims_order, layout=layout
+            )
+        )
     return tuple(diffs)
 
 
@@ -206,8 +212,11 @@ def _called_from_inside(node: CallNode) -> bool:
     return "." in node.path or node.kind == "op"
 
 
-def diff_call(step: int, match: Match, tolerance: Tolerance, stored: StoredValues) -> CallDiff:
-    """Compare the inputs and outputs of one matched pair; ``stored`` reads the traces' full values."""
+def diff_call(
+    step: int, match: Match, tolerance: Tolerance, stored: StoredValues, layouts: Sequence[str] | None = None
+) -> CallDiff:
+    """Compare the inputs and outputs of one matched pair; ``stored`` reads the traces' full values. ``layouts``:
+    the only re-ordering of the last dimension allowed for in each output ("" none), else any."""
     a, b = match.a, match.b
     in_pairs, in_a, in_b = _pair(a.input_tensors(), b.input_tensors(), any_shape=False)
     out_pairs, out_a, out_b = _pair(a.output_tensors(), b.output_tensors(), any_shape=True)
@@ -218,7 +227,9 @@ def diff_call(step: int, match: Match, tolerance: Tolerance, stored: StoredValue
         how=match.how,
         inputs=_measure_pairs("inputs", in_pairs, tolerance, stored),
         # the model's own output is read as it is laid out: a transposed result is another shape
-        outputs=_measure_pairs("outputs", out_pairs, tolerance, stored, any_dims_order=_called_from_inside(a)),
+        outputs=_measure_pairs(
+            "outputs", out_pairs, tolerance, stored, any_dims_order=_called_from_inside(a), layouts=layouts
+        ),
         only_in_a=tuple([f"inputs{n}" for n in in_a] + [f"outputs{n}" for n in out_a]),
         only_in_b=tuple([f"inputs{n}" for n in in_b] + [f"outputs{n}" for n in out_b]),
         error=_error(a, b),
@@ -260,6 +271,39 @@ def diff_fused(
     for fused, pair, layout in zip(found, values, layouts, strict=True):
         diffs += _diff_fused(step, fused, tolerance, stored, pair, layout)
     return diffs
+
+
+def taught_layouts(
+    calls: Sequence[CallDiff],
+    caller: Callable[[CallNode], CallDiff | None],
+    tolerance: Tolerance,
+    stored: StoredValues,
+) -> list[CallDiff]:
+    """``calls``, those whose outputs are equal only up to a re-ordering of their last dimension that the same call
+    in other blocks does not show compared again under the one they show.
+
+    Values alone accept any re-ordering of the last dimension as a port's layout: a projection whose output halves
+    were swapped on load (Mamba's x and z) is then equal up to a permutation, and its caller is blamed. The same
+    call in every block is the same code and lays its output out alike: where the calls whose callers agree (by
+    their paths with block numbers left out) agree under one layout, a call whose caller departs is held to it."""
+    shown: dict[tuple[str, str], set[tuple[str, ...]]] = {}
+    for call in calls:
+        if call.how != "fused" and call.status == "equal" and _caller_agrees(caller(call.a)):
+            shown.setdefault(_code(call), set()).add(tuple(d.layout for d in call.outputs))
+    taught = []
+    for call in calls:
+        layouts = tuple(d.layout for d in call.outputs)
+        lessons = shown.get(_code(call), set())
+        if any(layouts) and len(lessons) == 1 and layouts not in lessons and not _caller_agrees(caller(call.a)):
+            (usual,) = lessons
+            call = diff_call(call.step, Match(call.a, call.b, call.how), tolerance, stored, layouts=usual)
+        taught.append(call)
+    return taught
+
+
+def _code(call: CallDiff) -> tuple[str, str]:
+    """What a pair of calls shares with the same pair in another block: their paths without block numbers."""
+    return without_block_number(call.a.path), without_block_number(call.b.path)
 
 
 def _caller_agrees(call: CallDiff | None) -> bool:
