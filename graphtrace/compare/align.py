@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -187,16 +187,30 @@ class _Signature:
 
 class _SamePlace:
     """Whether two calls are called by callers matched to each other (a block's MLP and the port's, once the blocks
-    are paired)."""
+    are paired) that departed from each other.
 
-    def __init__(self, a_root: CallNode, b_root: CallNode, pairs: Iterable[tuple[CallNode, CallNode]]) -> None:
+    Where matched callers agree, what their children return agrees too, child for child, when they are the same
+    computation: children that share a kind of module but neither their input nor their output are then other
+    parts of the code (a parallel block's ``attn + ff`` is not the original's MLP), and only values may pair them.
+    Once the callers depart, values tell nothing and the make-up is what is left."""
+
+    def __init__(
+        self,
+        a_root: CallNode,
+        b_root: CallNode,
+        pairs: Iterable[tuple[CallNode, CallNode]],
+        close: Callable[[StatPoint | None, StatPoint | None], bool],
+    ) -> None:
         self.parent_a = {id(child): node for node in a_root.walk() for child in node.children}
         self.parent_b = {id(child): node for node in b_root.walk() for child in node.children}
         self.pairs = {(id(a), id(b)) for a, b in pairs}
+        self.close = close
 
     def __call__(self, a: CallNode, b: CallNode) -> bool:
         parent_a, parent_b = self.parent_a.get(id(a)), self.parent_b.get(id(b))
-        return parent_a is not None and parent_b is not None and (id(parent_a), id(parent_b)) in self.pairs
+        if parent_a is None or parent_b is None or (id(parent_a), id(parent_b)) not in self.pairs:
+            return False
+        return not self.close(_output_probe(parent_a), _output_probe(parent_b))
 
 
 class _Scorer:
@@ -786,7 +800,7 @@ def align_calls(
         _evidence_pass(found, a_calls, b_calls, positions, tolerance, orders)
         # again, now that the outer containers are paired: the ones inside them pair by what they are made of
         pairs = [(a_calls[i], b_calls[j]) for i, (j, _) in found.items()]
-        same_place = _SamePlace(a_root, b_root, pairs)
+        same_place = _SamePlace(a_root, b_root, pairs, _Scorer(tolerance).close)
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=True, same_place=same_place)
         _evidence_pass(found, a_calls, b_calls, positions, tolerance, orders)
     # fused projections before the leaves are aligned by structure: a wqkv's parts would otherwise pair with
