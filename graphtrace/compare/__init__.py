@@ -22,7 +22,7 @@ from graphtrace.compare.fused import FusedMatch
 from graphtrace.compare.measure import TensorDiff, Tolerance
 from graphtrace.compare.nonfinite import first_nonfinite
 from graphtrace.compare.ops import OpLocus, locate_op
-from graphtrace.compare.pairs import CallDiff, OpenValues, StoredValues, ValueFiles, diff_call, diff_fused
+from graphtrace.compare.pairs import CallDiff, OpenValues, StoredValues, ValueFiles, diff_call, diff_fused, given
 from graphtrace.compare.report import Comparison, Unmatched
 from graphtrace.compare.rules import RenameRule, parse_rules
 from graphtrace.errors import InvalidOptionError
@@ -165,7 +165,8 @@ def compare(
         )
         order = {id(node): k for k, node in enumerate(returned_order(root_a))}
         matches = sorted(alignment.matches, key=lambda match: order[id(match.a)])
-        step_calls = [diff_call(step_a, match, tolerance, stored) for match in matches]
+        reads = given(root_a), given(root_b)
+        step_calls = [diff_call(step_a, match, tolerance, stored, reads) for match in matches]
         if alignment.fused:
             step_calls += diff_fused(step_a, alignment.fused, _caller(root_a, step_calls), tolerance, stored)
             step_calls.sort(key=lambda call: order[id(call.a)])
