@@ -36,6 +36,7 @@ from tests import (  # noqa: E402
     independent_t5,
     independent_vit,
     independent_vllm,
+    independent_whisper_port,
 )
 from tests.independent_cases import (  # noqa: E402
     BERT_CASES,
@@ -76,6 +77,8 @@ def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fus
         return independent_lean_llama.port_of(originals["llama"], bug)
     if arch == "mamba":
         return independent_mamba.port_of(originals["mamba"], bug)
+    if arch == "whisper":
+        return independent_whisper_port.port_of(originals["whisper"], bug)
     return independent_gpt2.port_of(originals["gpt2"], bug=bug)
 
 
@@ -93,6 +96,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "seq": independent_llama.hf_llama(),  # the Llama again, given a batch of two
         "moe": independent_moe.hf_mixtral(),
         "mamba": independent_mamba.hf_mamba(),
+        "whisper": independent_whisper_port.hf_whisper(),
     }
     rules = {
         "llama": independent_llama.RULES,
@@ -108,6 +112,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "gpt2-split": (),
         "llama-lean": independent_lean_llama.RULES,
         "mamba": independent_mamba.RULES,
+        "whisper": independent_whisper_port.RULES,
     }
     token_ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
     pixels = independent_vit.pixels()
@@ -129,6 +134,8 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     inputs["llama-lean"] = inputs["llama"]
     mamba_ids = independent_mamba.token_ids()
     inputs["mamba"] = ({"input_ids": mamba_ids}, (mamba_ids,))
+    mel, tokens = independent_whisper_port.inputs()
+    inputs["whisper"] = (independent_whisper_port.hf_inputs(mel, tokens), (mel, tokens))
     faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False), ("moe", False))
     faithful += (("llama-lean", False), ("phi3", False), ("t5", False), ("seq-first", False), ("vllm", False))
     cases = [(arch, None, fused, None) for arch, fused in faithful]
@@ -139,6 +146,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     cases += independent_phi3.CASES + independent_phi3.COMPOUND_CASES + independent_t5.CASES
     cases += independent_seq_first.CASES + independent_vllm.CASES
     cases += [("mamba", None, False, None), *independent_mamba.CASES]
+    cases += [("whisper", None, False, None), *independent_whisper_port.CASES]  # an openai-whisper style port
     rows = []
     for values in MODES:
         for arch in originals:  # gpt2-split's original is gpt2
@@ -173,6 +181,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
                         **independent_phi3.STATS_EXPECTED,
                         **independent_t5.STATS_EXPECTED,
                         **independent_mamba.STATS_EXPECTED,
+                        **independent_whisper_port.STATS_EXPECTED,
                     }
                     want = stats_expected.get((arch, bug or ""), want)
                 rows.append((name, values, "yes" if mapped else "no", named, want, named == want))

@@ -29,6 +29,7 @@ from graphtrace.compare.pairs import (
     ValueFiles,
     diff_call,
     diff_fused,
+    given,
     taught_layouts,
 )
 from graphtrace.compare.report import Comparison, Unmatched
@@ -178,8 +179,9 @@ def compare(
         )
         order = {id(node): k for k, node in enumerate(returned_order(root_a))}
         matches = sorted(alignment.matches, key=lambda match: order[id(match.a)])
-        step_calls = [diff_call(step_a, match, tolerance, stored) for match in matches]
-        step_calls = taught_layouts(step_calls, _caller(root_a, step_calls), tolerance, stored)
+        reads = given(root_a), given(root_b)
+        step_calls = [diff_call(step_a, match, tolerance, stored, reads) for match in matches]
+        step_calls = taught_layouts(step_calls, _caller(root_a, step_calls), tolerance, stored, reads)
         if alignment.fused:
             caller = _fused_caller(_caller(root_a, step_calls))
             step_calls += diff_fused(step_a, alignment.fused, caller, tolerance, stored)

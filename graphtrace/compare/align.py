@@ -755,6 +755,75 @@ def _moved_leaves(
     return paired
 
 
+def _reshaping_leaves(
+    found: dict[int, tuple[int, MatchKind]],
+    a_calls: Sequence[CallNode],
+    b_calls: Sequence[CallNode],
+    reserved: tuple[set[int], set[int]],
+    tolerance: Tolerance,
+) -> set[int]:
+    """Pair leaves that return another shape than their counterpart (a convolution given another padding): no other
+    pass pairs calls whose outputs differ in shape, and the calls after it then differ in shape too, so the departure
+    would be blamed far downstream. Inside the innermost pair of matched containers that holds it, an unmatched leaf
+    of A pairs with an unmatched leaf of B of the same module type given the same input (its shape and statistics)
+    whose output has another shape, when each is the only such leaf there. Returns the positions in A paired.
+    ``a_calls`` and ``b_calls`` are in pre-order (``walk``)."""
+    end_a, end_b = _subtree_ends(a_calls), _subtree_ends(b_calls)
+    matched_b = {j for j, _ in found.values()}
+    score = _Scorer(tolerance)
+
+    def loose(calls: Sequence[CallNode], taken: Iterable[int], skip: set[int]) -> list[tuple[int, _Signature]]:
+        taken = set(taken) | skip
+        return [
+            (k, _Signature(node))
+            for k, node in enumerate(calls)
+            if node.kind == "module" and node.leaf and node.type_name and k not in taken and node.outputs is not None
+            if not _passes_through(node)
+        ]
+
+    loose_a, loose_b = loose(a_calls, found, reserved[0]), loose(b_calls, matched_b, reserved[1])
+    paired: set[int] = set()
+    if not loose_a or not loose_b:
+        return paired
+
+    def alike(x: _Signature, y: _Signature) -> bool:
+        shapes_x = shape_key(x.first_out.shape) if x.first_out is not None else None
+        shapes_y = shape_key(y.first_out.shape) if y.first_out is not None else None
+        return (
+            x.node.type_name == y.node.type_name
+            and x.key == y.key
+            and shapes_x != shapes_y
+            and score.close(x.in_probe, y.in_probe)
+        )
+
+    opened: list[int] = []  # A's containers open at each position of the pre-order walk
+    candidates = dict(loose_a)
+    for i, node in enumerate(a_calls):
+        while opened and end_a[opened[-1]] < i:
+            opened.pop()
+        if not node.leaf:
+            opened.append(i)
+            continue
+        mine = candidates.get(i)
+        if mine is None:
+            continue
+        for scope in reversed(opened):  # the innermost pair of matched containers
+            if scope not in found or b_calls[found[scope][0]].leaf:
+                continue
+            lo_b = found[scope][0]
+            theirs = [(k, y) for k, y in loose_b if lo_b < k <= end_b[lo_b] and k not in matched_b and alike(mine, y)]
+            if len(theirs) == 1:
+                rivals = [
+                    k for k, x in loose_a if scope < k <= end_a[scope] and k not in found and alike(x, theirs[0][1])
+                ]
+                if rivals == [i]:
+                    found[i] = (theirs[0][0], "structure")
+                    matched_b.add(theirs[0][0])
+                    paired.add(i)
+            break
+    return paired
+
+
 def _subtree_ends(calls: Sequence[CallNode]) -> list[int]:
     """For each call of a pre-order walk, the position of the last call inside it (itself for a leaf)."""
     ends = list(range(len(calls)))
@@ -832,6 +901,8 @@ def align_calls(
     if mode != "path":
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=False, reserved=reserved)
     moved = _moved_leaves(found, a_calls, b_calls, reserved) if mode != "path" else set()
+    if mode != "path":
+        moved |= _reshaping_leaves(found, a_calls, b_calls, reserved, tolerance)
     if _drop_crossed_boundaries(found, a_calls, b_calls, fused, moved) and mode != "path":
         # the unpaired containers no longer cut the gaps: what they kept apart may pair now (then check again)
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=False, reserved=reserved)
