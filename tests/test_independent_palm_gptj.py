@@ -170,9 +170,7 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str | None, s
 
 
 @pytest.mark.parametrize("values", ["safetensors", "repr"])
-def test_the_faithful_port_compares_equal(
-    traces: dict[tuple[str | None, str], tuple[Path, Path]], values: str
-) -> None:
+def test_the_faithful_port_compares_equal(traces: dict[tuple[str | None, str], tuple[Path, Path]], values: str) -> None:
     result = graphtrace.compare(*traces[(None, values)])
     assert result.equal, result.table()
 
