@@ -184,3 +184,17 @@ def test_each_bug_is_named_where_it_lives(
     first = result.first_divergence
     assert first is not None, result.table()
     assert first.b.path.partition(".")[2] == expected, result.table()
+
+
+@pytest.mark.parametrize("values", ["safetensors", "repr"])
+def test_a_module_without_counterpart_is_named_as_a_suspect(
+    traces: dict[tuple[str | None, str], tuple[Path, Path]], values: str
+) -> None:
+    """The rotary module has no counterpart in GPT-J: the block is blamed, and the report says that the module it
+    called before the departure was compared with nothing (the dropout-free passes-through are left out)."""
+    result = graphtrace.compare(*traces[("theta", values)])
+    found = result.divergence
+    assert found is not None and found.inside
+    assert [node.path.partition(".")[2] for node in found.unchecked] == ["2.fn.rotary_emb"]
+    assert "not compared): 2.fn.rotary_emb" in result.table()
+    assert result.to_json()["first_divergence"]["unchecked"] == ["Sequential.2.fn.rotary_emb@0"]

@@ -28,7 +28,16 @@ from graphtrace.compare.measure import StatPoint, Tolerance, shape_key
 from graphtrace.compare.rules import RenameRule, apply_rules
 from graphtrace.model import CallNode, TensorRecord, numbered
 
-__all__ = ["AlignMode", "Alignment", "Match", "MatchKind", "align_calls", "relative_path", "returned_order"]
+__all__ = [
+    "AlignMode",
+    "Alignment",
+    "Match",
+    "MatchKind",
+    "align_calls",
+    "passes_through",
+    "relative_path",
+    "returned_order",
+]
 
 AlignMode = Literal["auto", "path", "structure"]
 MatchKind = Literal["path", "rule", "structure", "fused"]
@@ -635,7 +644,7 @@ def _output_probe(node: CallNode) -> StatPoint | None:
     return StatPoint.of(first) if first is not None else None
 
 
-def _passes_through(node: CallNode) -> bool:
+def passes_through(node: CallNode) -> bool:
     """A call that returns what it was given (a dropout in eval mode, an identity): where it sits says nothing."""
     if not node.leaf:
         return False
@@ -672,7 +681,7 @@ def _drop_crossed_boundaries(
     for i, (j, _) in found.items():
         if i in moved:
             continue
-        if not (_passes_through(a_calls[i]) or _passes_through(b_calls[j])):  # a no-op may sit on either side
+        if not (passes_through(a_calls[i]) or passes_through(b_calls[j])):  # a no-op may sit on either side
             counterpart_b[i].append(j)
             counterpart_a[j].append(i)
     for group in fused:
@@ -719,7 +728,7 @@ def _moved_leaves(
         by_kind: dict[tuple[object, ...], list[int]] = defaultdict(list)
         taken = set(taken) | skip
         for k, node in enumerate(calls):
-            if node.kind == "module" and node.leaf and node.type_name and k not in taken and not _passes_through(node):
+            if node.kind == "module" and node.leaf and node.type_name and k not in taken and not passes_through(node):
                 signature = _Signature(node)
                 by_kind[(node.type_name, signature.key, signature.out_shapes)].append(k)
         return by_kind
@@ -778,7 +787,7 @@ def _reshaping_leaves(
             (k, _Signature(node))
             for k, node in enumerate(calls)
             if node.kind == "module" and node.leaf and node.type_name and k not in taken and node.outputs is not None
-            if not _passes_through(node)
+            if not passes_through(node)
         ]
 
     loose_a, loose_b = loose(a_calls, found, reserved[0]), loose(b_calls, matched_b, reserved[1])

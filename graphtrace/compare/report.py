@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from graphtrace.compare.align import returned_order
+from graphtrace.compare.align import passes_through, returned_order
 from graphtrace.compare.measure import STAT_NAMES, TensorDiff, Tolerance
 from graphtrace.compare.pairs import CallDiff
 from graphtrace.model import CallNode, TensorRecord, Trace, services
@@ -52,6 +52,10 @@ class Divergence:
     before: CallDiff | None = None
     op_locus: object | None = None
     parts: tuple[CallDiff, ...] = ()
+    unchecked: tuple[CallNode, ...] = ()
+    """For a departure in a module's own code: the modules of B it called before the departure that have no
+    counterpart in A (a rotary module where the original computes its table inline), so their outputs were compared
+    with nothing: the departure may lie in them as well."""
 
 
 def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) -> Divergence | None:
@@ -106,12 +110,14 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
                     True,
                     f"inside {where}, before {before}: {before}'s inputs already differ ({detail})",
                     before=here,
+                    unchecked=b_tree.unchecked(holder, here.b),
                 )
             return Divergence(
                 outer,
                 True,
                 f"inside {_short_name(outer)}, before {before}: {before}'s inputs already differ ({detail})",
                 before=here,
+                unchecked=b_tree.unchecked(outer.b, here.b),
             )
         inner = here if here is not None else outer
         for child in node.children:
@@ -136,7 +142,8 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
             why = "its inputs and every call inside it agree, its output does not: the departure is in its own code"
         else:
             why = "its inputs agree, its output does not"
-        return Divergence(here, own, f"{_short_name(here)}: {why} ({here.reason})")
+        unchecked = b_tree.unchecked(here.b, None) if own else ()
+        return Divergence(here, own, f"{_short_name(here)}: {why} ({here.reason})", unchecked=unchecked)
 
     for root in steps:
         found = visit(root, None)
@@ -258,6 +265,23 @@ class _BTree:
             found.append(parent)
             parent = self.parent.get(id(parent))
         return found
+
+    def unchecked(self, container: CallNode, before: CallNode | None) -> tuple[CallNode, ...]:
+        """The module calls of B inside ``container`` without a counterpart in A that returned before ``before``
+        (all of them when None), leaving out those that return what they were given (a dropout) and those holding
+        ``before``."""
+        end = self.order.get(id(before)) if before is not None else None
+        holding = {id(node) for node in self.ancestors(before)} if before is not None else set()
+        return tuple(
+            node
+            for node in returned_order(container)
+            if node is not container
+            and node.kind == "module"
+            and id(node) not in self.matched_b
+            and id(node) not in holding
+            and (end is None or self.order.get(id(node), end) < end)
+            and not passes_through(node)
+        )
 
     def holder(self, outer: CallDiff, first: CallDiff) -> CallNode | None:
         """The module of B, inside ``outer``'s and without a counterpart, whose own code lies between the last call
@@ -458,6 +482,7 @@ def _divergence_json(found: Divergence) -> dict[str, Any]:
         "before": None if found.before is None else {"a": found.before.a.id, "b": found.before.b.id},
         "explanation": found.explanation,
         "op_locus": None if found.op_locus is None else str(found.op_locus),
+        "unchecked": [node.id for node in found.unchecked],
     }
 
 
