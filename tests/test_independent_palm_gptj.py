@@ -71,18 +71,19 @@ class ParallelTransformerBlock(nn.Module):
 
 
 class Residual(nn.Module):
-    def __init__(self, fn: nn.Module) -> None:
+    def __init__(self, fn: nn.Module, bug: str | None = None) -> None:
         super().__init__()
         self.fn = fn
+        self.scale = 0.5 if bug == "half_residual" else 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x) + x
+        return self.fn(x) + self.scale * x
 
 
 def palm(layers: int, vocab: int, bug: str | None) -> nn.Sequential:
     return nn.Sequential(
         nn.Embedding(vocab, DIM),
-        *[Residual(ParallelTransformerBlock(bug if i == 1 else None)) for i in range(layers)],
+        *[Residual(ParallelTransformerBlock(bug if i == 1 else None), bug if i == 1 else None) for i in range(layers)],
         nn.LayerNorm(DIM),
         nn.Linear(DIM, vocab),
     )
@@ -129,6 +130,7 @@ BUGS = {
     # a wrong rotary base: the rotary module has no counterpart in GPT-J (whose attention gathers its own table), so
     # the block whose code applies it is the nearest the diff can name
     "theta": "2.fn",
+    "half_residual": "2",  # the wrapper's own code scales the residual
 }
 
 

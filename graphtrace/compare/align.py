@@ -545,6 +545,71 @@ def _evidence_pass(
             orders[key] = frozenset(_child_order(children_a, children_b, found))
 
 
+def _pair_as_agreeing_blocks(
+    found: dict[int, tuple[int, MatchKind]],
+    a_calls: Sequence[CallNode],
+    b_calls: Sequence[CallNode],
+    b_root: CallNode,
+    tolerance: Tolerance,
+) -> None:
+    """Re-pair a container of a numbered block that departs with the port's container of the code it pairs with in
+    the blocks that agree, when that container is its partner's caller or callee and still unpaired.
+
+    Where a port wraps its block (``Residual(fn)`` adds the input to what ``fn`` returns), the original's layer
+    matches the wrapper by values in every block that agrees; once values depart, the wrapper and what it wraps are
+    equally plausible by shape and input, and make-up may pick the wrapped block, whose output lacks the residual:
+    a fault in the wrapper's own code was then blamed on the block. Each block is the same code on both sides, so
+    it pairs the same way in all of them."""
+    score = _Scorer(tolerance)
+    learned: dict[str, set[tuple[str, str]]] = {}
+    departing: list[tuple[int, int, str, tuple[str, str]]] = []
+    for i, (j, _) in found.items():
+        a, b = a_calls[i], b_calls[j]
+        code_a = without_block_number(a.path)
+        if a.leaf or b.leaf or a.kind != "module" or code_a == a.path:
+            continue  # a leaf, or a call outside numbered blocks: nothing to learn from other blocks
+        code_b = (without_block_number(b.path), b.type_name)
+        if score.close(_output_probe(a), _output_probe(b)):
+            learned.setdefault(code_a, set()).add(code_b)
+        else:
+            departing.append((i, j, code_a, code_b))
+    if not departing or not learned:
+        return
+    parent = {id(child): node for node in b_root.walk() for child in node.children}
+    position_b = {id(node): j for j, node in enumerate(b_calls)}
+    matched_b = {j for j, _ in found.values()}
+    for i, j, code_a, code_b in departing:
+        codes = learned.get(code_a, set())
+        if len(codes) != 1 or code_b in codes:
+            continue
+        (wanted,) = codes
+        nearest = [*_ancestors(b_calls[j], parent), *_descendants(b_calls[j])]
+        for node in nearest:
+            k = position_b[id(node)]
+            if k not in matched_b and (without_block_number(node.path), node.type_name) == wanted:
+                found[i] = (k, "structure")
+                matched_b.discard(j)
+                matched_b.add(k)
+                break
+
+
+def _ancestors(node: CallNode, parent: dict[int, CallNode]) -> list[CallNode]:
+    found, above = [], parent.get(id(node))
+    while above is not None:
+        found.append(above)
+        above = parent.get(id(above))
+    return found
+
+
+def _descendants(node: CallNode) -> list[CallNode]:
+    """The calls inside ``node``, nearest first (breadth first)."""
+    found, level = [], list(node.children)
+    while level:
+        found += level
+        level = [child for call in level for child in call.children]
+    return found
+
+
 def _same_input_pairs(
     xs: Sequence[int], ys: Sequence[int], a_calls: Sequence[CallNode], b_calls: Sequence[CallNode], score: _Scorer
 ) -> list[tuple[int, int]]:
@@ -881,6 +946,7 @@ def align_calls(
         same_place = _SamePlace(a_root, b_root, pairs, _Scorer(tolerance).close)
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=True, same_place=same_place)
         _evidence_pass(found, a_calls, b_calls, positions, tolerance, orders)
+        _pair_as_agreeing_blocks(found, a_calls, b_calls, b_root, tolerance)
     # fused projections before the leaves are aligned by structure: a wqkv's parts would otherwise pair with
     # whatever leaf has their shapes (GPT-2's c_proj with a port's k_proj)
     # (the data flow between them is read through a provisional pairing of the leaves: after a divergence, the
