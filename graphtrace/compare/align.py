@@ -156,6 +156,7 @@ class _Signature:
         "child_types",
         "size",
         "number",
+        "passes",
     )
 
     def __init__(self, node: CallNode) -> None:
@@ -173,6 +174,7 @@ class _Signature:
         self.number = numbered(node.path)
         self.in_probe = StatPoint.of(inputs[0]) if inputs else None
         self.size = sum(1 for _ in node.walk()) if not node.leaf else 1
+        self.passes = _passes_through(node)
         if node.outputs is None:  # a container in transformers' format, or a call that raised: outputs unknown
             self.first_out: TensorRecord | None = None
             self.out_shapes: tuple[tuple[int, ...], ...] | None = None
@@ -227,6 +229,8 @@ class _Scorer:
             first_y = shape_key(y.first_out.shape) if y.first_out is not None else None
             if first_x != first_y:
                 return 0
+        if x.passes != y.passes:
+            return 0  # a call that returns what it was given (a dropout, an identity) computes nothing another does
         score = 4
         same_type = _same_type(x, y)
         if same_type:
