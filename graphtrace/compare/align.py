@@ -9,7 +9,8 @@ Three ways, tried in this order (``mode="auto"``):
    the same kind, both leaves or both containers, and take and return tensors of the same shapes (module types
    may differ: ``Conv1D`` and ``nn.Linear``). The order-preserving pairing of the highest score wins; a pair
    scores more when its module types are the same and when its statistics agree. Ties go to the earliest call,
-   so that a module followed by a no-op (a dropout in eval mode) pairs with the module.
+   so that a module followed by a no-op (a dropout in eval mode) pairs with the module; a call that returns what it
+   was given pairs only with one that does too.
 
 ``mode="path"`` stops after rules; ``mode="structure"`` aligns everything but the two roots by structure.
 """
