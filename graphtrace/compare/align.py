@@ -9,7 +9,8 @@ Three ways, tried in this order (``mode="auto"``):
    the same kind, both leaves or both containers, and take and return tensors of the same shapes (module types
    may differ: ``Conv1D`` and ``nn.Linear``). The order-preserving pairing of the highest score wins; a pair
    scores more when its module types are the same and when its statistics agree. Ties go to the earliest call,
-   so that a module followed by a no-op (a dropout in eval mode) pairs with the module.
+   so that a module followed by a no-op (a dropout in eval mode) pairs with the module; a call that returns what it
+   was given pairs only with one that does too.
 
 ``mode="path"`` stops after rules; ``mode="structure"`` aligns everything but the two roots by structure.
 """
@@ -165,6 +166,7 @@ class _Signature:
         "child_types",
         "size",
         "number",
+        "passes",
     )
 
     def __init__(self, node: CallNode) -> None:
@@ -182,6 +184,7 @@ class _Signature:
         self.number = numbered(node.path)
         self.in_probe = StatPoint.of(inputs[0]) if inputs else None
         self.size = sum(1 for _ in node.walk()) if not node.leaf else 1
+        self.passes = passes_through(node)
         if node.outputs is None:  # a container in transformers' format, or a call that raised: outputs unknown
             self.first_out: TensorRecord | None = None
             self.out_shapes: tuple[tuple[int, ...], ...] | None = None
@@ -236,6 +239,8 @@ class _Scorer:
             first_y = shape_key(y.first_out.shape) if y.first_out is not None else None
             if first_x != first_y:
                 return 0
+        if x.passes != y.passes:
+            return 0  # a call that returns what it was given (a dropout, an identity) computes nothing another does
         score = 4
         same_type = _same_type(x, y)
         if same_type:

@@ -12,11 +12,11 @@ import dataclasses
 import functools
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from graphtrace.compare.align import passes_through, returned_order
+from graphtrace.compare.align import passes_through, returned_order, without_block_number
 from graphtrace.compare.measure import STAT_NAMES, TensorDiff, Tolerance
 from graphtrace.compare.pairs import CallDiff
 from graphtrace.model import CallNode, TensorRecord, Trace, services
@@ -134,6 +134,17 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
                 f"(B's module also stands for {', '.join(sorted(b_counterparts[here.b.path] - {here.a.path}))})",
                 before=here,
             )
+        withheld = _withheld(here, steps, b_tree) if outer is not None else ()
+        if withheld and outer is not None:
+            caller = _b_caller(outer, here, b_tree, b_calls)
+            given = ", ".join(name.removeprefix("inputs") for name in withheld)
+            return Divergence(
+                caller,
+                True,
+                f"inside {_short_name(caller)}: {_short_name(here)} is not given {given}, which the same module of "
+                f"B's other blocks is given, while A's is given the same inputs in every block ({here.reason})",
+                before=here,
+            )
         parts = fused_parts.get(id(node), ())
         if len(parts) > 1 and not any(d.basis == "values" for d in here.outputs):
             return _fused_by_statistics(here, parts, b_tree)
@@ -172,6 +183,34 @@ def _inputs_depart(call: CallDiff, fed_well: Callable[[CallDiff], bool] = lambda
     if call.status != "equal":
         return True
     return any(d.status == "diverged" and _floating(d.dtype_a) and _floating(d.dtype_b) for d in call.inputs)
+
+
+def _withheld(call: CallDiff, steps: Sequence[CallNode], b_tree: _BTree) -> tuple[str, ...]:
+    """The tensors B's ``call`` is not given that the same module of B's other blocks (its path with the block number
+    left out, its type) is given in every one of them, while A's call is given whatever its own other blocks are: a
+    caller that withheld an argument (a block that does not hand its attention the causal mask), whose callee then
+    computes faithfully from what it got. Empty when there is no other block, or when A's blocks differ too (a stack
+    that hands its first block no position bias)."""
+
+    def missing(node: CallNode, roots: Iterable[CallNode]) -> set[str]:
+        code = (without_block_number(node.path), node.type_name)
+        if code[0] == node.path:
+            return set()
+        others = [
+            {name for name, _ in other.input_tensors()}
+            for root in roots
+            for other in root.walk()
+            if other is not node
+            and other.kind == "module"
+            and (without_block_number(other.path), other.type_name) == code
+        ]
+        if not others:
+            return set()
+        return set.intersection(*others) - {name for name, _ in node.input_tensors()}
+
+    if missing(call.a, steps):
+        return ()
+    return tuple(f"inputs{name}" for name in sorted(missing(call.b, b_tree.roots)))
 
 
 def _given_another_shape(call: CallDiff) -> str | None:
@@ -248,6 +287,7 @@ class _BTree:
 
     def __init__(self, calls: Sequence[CallDiff], steps: Sequence[CallNode]) -> None:
         roots = {id(step) for step in steps}
+        self.roots = [call.b for call in calls if id(call.a) in roots]
         self.parent: dict[int, CallNode] = {}
         self.order: dict[int, int] = {}  # id -> position in B's returned order
         for root in (call.b for call in calls if id(call.a) in roots):
