@@ -26,6 +26,7 @@ import graphtrace  # noqa: E402
 from tests import (  # noqa: E402
     independent_bert,
     independent_clip_port,
+    independent_convnext_port,
     independent_gpt2,
     independent_lean_llama,
     independent_llama,
@@ -82,6 +83,8 @@ def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fus
         return independent_whisper_port.port_of(originals["whisper"], bug)
     if arch == "clip":
         return independent_clip_port.port_of(originals["clip"], bug)
+    if arch == "convnext":
+        return independent_convnext_port.port_of(originals["convnext"], bug)
     return independent_gpt2.port_of(originals["gpt2"], bug=bug)
 
 
@@ -101,6 +104,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "mamba": independent_mamba.hf_mamba(),
         "whisper": independent_whisper_port.hf_whisper(),
         "clip": independent_clip_port.hf_clip(),
+        "convnext": independent_convnext_port.hf_convnext(),
     }
     rules = {
         "llama": independent_llama.RULES,
@@ -118,6 +122,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "mamba": independent_mamba.RULES,
         "whisper": independent_whisper_port.RULES,
         "clip": independent_clip_port.RULES,
+        "convnext": independent_convnext_port.RULES,
     }
     token_ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
     pixels = independent_vit.pixels()
@@ -143,6 +148,8 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     inputs["whisper"] = (independent_whisper_port.hf_inputs(mel, tokens), (mel, tokens))
     pixels_clip, ids_clip = independent_clip_port.inputs()
     inputs["clip"] = (independent_clip_port.hf_inputs(pixels_clip, ids_clip), (pixels_clip, ids_clip))
+    convnext_pixels = independent_convnext_port.pixels()  # square images: H == W
+    inputs["convnext"] = ({"pixel_values": convnext_pixels}, (convnext_pixels,))
     faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False), ("moe", False))
     faithful += (("llama-lean", False), ("phi3", False), ("t5", False), ("seq-first", False), ("vllm", False))
     cases = [(arch, None, fused, None) for arch, fused in faithful]
@@ -155,6 +162,8 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     cases += [("mamba", None, False, None), *independent_mamba.CASES]
     cases += [("whisper", None, False, None), *independent_whisper_port.CASES]  # an openai-whisper style port
     cases += [("clip", None, False, None), *independent_clip_port.CASES]  # an open_clip style port
+    cases += [("convnext", variant, False, None) for variant in (None, *independent_convnext_port.VARIANTS)]
+    cases += independent_convnext_port.CASES  # a timm style ConvNeXt
     rows = []
     for values in MODES:
         for arch in originals:  # gpt2-split's original is gpt2
@@ -191,6 +200,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
                         **independent_mamba.STATS_EXPECTED,
                         **independent_whisper_port.STATS_EXPECTED,
                         **independent_clip_port.STATS_EXPECTED,
+                        **independent_convnext_port.STATS_EXPECTED,
                     }
                     want = stats_expected.get((arch, bug or ""), want)
                 rows.append((name, values, "yes" if mapped else "no", named, want, named == want))

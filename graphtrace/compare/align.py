@@ -116,7 +116,9 @@ def _by_path(
         j = b_index.get((renamed, node.index))
         if j is None or j in taken:
             continue
-        if renamed == path and not _same_interface(node, b_calls[j]):
+        parent, _, own = path.rpartition(".")
+        carried = node.leaf and bool(parent) and renamed == f"{apply_rules(rules, parent, set())}.{own}"
+        if (renamed == path or carried) and not _same_interface(node, b_calls[j]):
             continue  # the same name for another computation (transformers' SiLU act_fn, a port's SiluAndMul)
         found[i] = (j, "path" if renamed == path else "rule")
         taken.add(j)
@@ -132,15 +134,26 @@ def _same_interface(a: CallNode, b: CallNode) -> bool:
       still pairs with transformers', given the hidden states and the positions);
     - a container that returns another number of tensors of its first output's shape (a vLLM layer returns its
       output and the residual apart, transformers' their sum; attention weights beside an attention's output have
-      another shape and do not count).
+      another shape and do not count);
+    - a leaf of another type that returns tensors of other shapes (up to size-1 dims and dim order): a norm and a
+      convolution both named ``downsample.0`` once a port's list lacks the norm.
 
-    A container's name is its role otherwise (an encoder given ids or their embeddings)."""
+    A rule is the user's word for the names it rewrites, not for a name it carries over unchanged (a list's index
+    under a renamed list): a leaf whose own name is carried over pairs by name alone. A container's name is its role
+    otherwise (an encoder given ids or their embeddings)."""
     if a.leaf and b.leaf:
         given_a = {shape_key(record.shape) for _, record in a.input_tensors()}
         given_b = {shape_key(record.shape) for _, record in b.input_tensors()}
-        return not given_a or not given_b or bool(given_a & given_b)
+        if given_a and given_b and not given_a & given_b:
+            return False
+        returned = ({shape_key(record.shape) for _, record in node.output_tensors()} for node in (a, b))
+        return a.type_name == b.type_name or _overlap(*returned)
     counts = _outputs_like_first(a), _outputs_like_first(b)
     return 0 in counts or counts[0] == counts[1]  # no outputs (transformers' format, a call that raised): its role
+
+
+def _overlap(x: set[tuple[int, ...]], y: set[tuple[int, ...]]) -> bool:
+    return not x or not y or bool(x & y)
 
 
 def _outputs_like_first(node: CallNode) -> int:

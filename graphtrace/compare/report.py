@@ -101,7 +101,7 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
             changed = next((d for d in here.inputs if d.status == "diverged"), None)
             detail = f"{changed.name_b}: {changed.reason}" if changed is not None else here.reason
             detail = (_given_another_shape(here) or detail) if changed is None else detail
-            holder = b_tree.holder(outer, here)
+            holder = b_tree.holder(outer, here) or b_tree.entered_well(outer, here)
             if holder is not None:  # a module of B without counterpart in A holds the departure: name it
                 culprit = dataclasses.replace(outer, b=holder, inputs=(), outputs=(), only_in_a=(), only_in_b=())
                 where = f"{holder.path} (B's own module, within {_short_name(outer)})"
@@ -353,6 +353,26 @@ class _BTree:
         if common is None or id(common) not in inner or id(common) in self.matched_b:
             return None
         return common
+
+    def entered_well(self, outer: CallDiff, first: CallDiff) -> CallNode | None:
+        """The innermost module of B, inside ``outer``'s and without a counterpart, that calls ``first`` (whose inputs
+        differ) and was itself given what agrees: each of its tensors is one ``outer`` was given (its inputs
+        agreeing) or the output of a call that agrees. Its own code handed ``first`` what differs (a port's
+        ``downsample`` list missing its norm). None when there is none."""
+        above_first = self.ancestors(first.b)
+        depth = next((k for k, node in enumerate(above_first) if node is outer.b), None)
+        start = self.order.get(id(first.b))
+        if not depth or start is None:
+            return None
+        agreeing = {_fingerprint(record) for _, record in outer.b.input_tensors()} if outer.inputs_agree else set()
+        for call in self.pairs:
+            if call.status == "equal" and self.order.get(id(call.b), start) < start:
+                agreeing.update(_fingerprint(record) for _, record in call.b.output_tensors())
+        for node in above_first[:depth]:  # innermost first
+            given = [_fingerprint(record) for _, record in node.input_tensors()]
+            if id(node) not in self.matched_b and given and all(found in agreeing for found in given):
+                return node
+        return None
 
 
 def _short_name(call: CallDiff) -> str:
