@@ -27,6 +27,7 @@ from tests import (  # noqa: E402
     independent_bert,
     independent_gpt2,
     independent_lean_llama,
+    independent_litgpt_port,
     independent_llama,
     independent_mamba,
     independent_moe,
@@ -79,6 +80,8 @@ def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fus
         return independent_mamba.port_of(originals["mamba"], bug)
     if arch == "whisper":
         return independent_whisper_port.port_of(originals["whisper"], bug)
+    if arch == "litgpt":
+        return independent_litgpt_port.port_of(originals["litgpt"], bug)
     return independent_gpt2.port_of(originals["gpt2"], bug=bug)
 
 
@@ -97,6 +100,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "moe": independent_moe.hf_mixtral(),
         "mamba": independent_mamba.hf_mamba(),
         "whisper": independent_whisper_port.hf_whisper(),
+        "litgpt": independent_litgpt_port.hf_llama_gqa(),
     }
     rules = {
         "llama": independent_llama.RULES,
@@ -113,6 +117,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "llama-lean": independent_lean_llama.RULES,
         "mamba": independent_mamba.RULES,
         "whisper": independent_whisper_port.RULES,
+        "litgpt": independent_litgpt_port.RULES,
     }
     token_ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
     pixels = independent_vit.pixels()
@@ -136,6 +141,8 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     inputs["mamba"] = ({"input_ids": mamba_ids}, (mamba_ids,))
     mel, tokens = independent_whisper_port.inputs()
     inputs["whisper"] = (independent_whisper_port.hf_inputs(mel, tokens), (mel, tokens))
+    litgpt_ids = independent_litgpt_port.token_ids()
+    inputs["litgpt"] = ({"input_ids": litgpt_ids}, (litgpt_ids,))
     faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False), ("moe", False))
     faithful += (("llama-lean", False), ("phi3", False), ("t5", False), ("seq-first", False), ("vllm", False))
     cases = [(arch, None, fused, None) for arch, fused in faithful]
@@ -147,6 +154,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     cases += independent_seq_first.CASES + independent_vllm.CASES
     cases += [("mamba", None, False, None), *independent_mamba.CASES]
     cases += [("whisper", None, False, None), *independent_whisper_port.CASES]  # an openai-whisper style port
+    cases += [("litgpt", None, False, None), *independent_litgpt_port.CASES]  # a litgpt style grouped-query Llama
     rows = []
     for values in MODES:
         for arch in originals:  # gpt2-split's original is gpt2
@@ -182,6 +190,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
                         **independent_t5.STATS_EXPECTED,
                         **independent_mamba.STATS_EXPECTED,
                         **independent_whisper_port.STATS_EXPECTED,
+                        **independent_litgpt_port.STATS_EXPECTED,
                     }
                     want = stats_expected.get((arch, bug or ""), want)
                 rows.append((name, values, "yes" if mapped else "no", named, want, named == want))
