@@ -105,3 +105,17 @@ def test_measure_masks_reads_a_boolean_mask_either_way() -> None:
     }
     assert verdicts == {"kept": "equal", "masked": "equal", "next_too": "diverged"}
     assert measure_masks("a", a, "b", b, None).status == "unchecked"  # statistics cannot tell patterns apart
+
+
+@pytest.mark.parametrize("values", ["bundle", "repr"])
+def test_a_fused_call_of_the_port_still_pairs_with_its_parts_after_a_divergence(
+    captured: Callable[..., tuple[Path, Path]], values: str
+) -> None:
+    """The mask departs before block 0, so blocks 1 and 2 are given hidden states that differ from the original's;
+    their fused attn (in B, the port) still reads the output of the norm paired with the one q_proj, k_proj and
+    v_proj (in A) read."""
+    a, b = captured("mask_diagonal", values)
+    result = graphtrace.compare(a, b)
+    fused = {call.b.path.partition(".")[2] for call in result.calls if call.how == "fused"}
+    assert {f"transformer.h.{i}.attn.attn" for i in range(3)} <= fused, result.table()
+    assert not [u.call.path for u in result.only_in_b], result.table()
