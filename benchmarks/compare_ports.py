@@ -29,6 +29,7 @@ from tests import (  # noqa: E402
     independent_convnext_port,
     independent_gpt2,
     independent_lean_llama,
+    independent_litgpt_port,
     independent_llama,
     independent_mamba,
     independent_moe,
@@ -85,6 +86,8 @@ def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fus
         return independent_clip_port.port_of(originals["clip"], bug)
     if arch == "convnext":
         return independent_convnext_port.port_of(originals["convnext"], bug)
+    if arch == "litgpt":
+        return independent_litgpt_port.port_of(originals["litgpt"], bug)
     return independent_gpt2.port_of(originals["gpt2"], bug=bug)
 
 
@@ -105,6 +108,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "whisper": independent_whisper_port.hf_whisper(),
         "clip": independent_clip_port.hf_clip(),
         "convnext": independent_convnext_port.hf_convnext(),
+        "litgpt": independent_litgpt_port.hf_llama_gqa(),
     }
     rules = {
         "llama": independent_llama.RULES,
@@ -123,6 +127,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "whisper": independent_whisper_port.RULES,
         "clip": independent_clip_port.RULES,
         "convnext": independent_convnext_port.RULES,
+        "litgpt": independent_litgpt_port.RULES,
     }
     token_ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
     pixels = independent_vit.pixels()
@@ -150,6 +155,8 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     inputs["clip"] = (independent_clip_port.hf_inputs(pixels_clip, ids_clip), (pixels_clip, ids_clip))
     convnext_pixels = independent_convnext_port.pixels()  # square images: H == W
     inputs["convnext"] = ({"pixel_values": convnext_pixels}, (convnext_pixels,))
+    litgpt_ids = independent_litgpt_port.token_ids()
+    inputs["litgpt"] = ({"input_ids": litgpt_ids}, (litgpt_ids,))
     faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False), ("moe", False))
     faithful += (("llama-lean", False), ("phi3", False), ("t5", False), ("seq-first", False), ("vllm", False))
     cases = [(arch, None, fused, None) for arch, fused in faithful]
@@ -164,6 +171,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     cases += [("clip", None, False, None), *independent_clip_port.CASES]  # an open_clip style port
     cases += [("convnext", variant, False, None) for variant in (None, *independent_convnext_port.VARIANTS)]
     cases += independent_convnext_port.CASES  # a timm style ConvNeXt
+    cases += [("litgpt", None, False, None), *independent_litgpt_port.CASES]  # a litgpt style grouped-query Llama
     rows = []
     for values in MODES:
         for arch in originals:  # gpt2-split's original is gpt2
@@ -201,6 +209,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
                         **independent_whisper_port.STATS_EXPECTED,
                         **independent_clip_port.STATS_EXPECTED,
                         **independent_convnext_port.STATS_EXPECTED,
+                        **independent_litgpt_port.STATS_EXPECTED,
                     }
                     want = stats_expected.get((arch, bug or ""), want)
                 rows.append((name, values, "yes" if mapped else "no", named, want, named == want))

@@ -85,9 +85,9 @@ def _same_input(given: TensorRecord, other: TensorRecord, tolerance: Tolerance) 
 
 
 def _fed_alike(flow: Callable[[], Sequence[tuple[CallNode, CallNode]]]) -> Callable[[CallNode, CallNode], bool]:
-    """Whether two calls (one of each trace) received the output of calls paired with each other (data flow):
-    after a divergence upstream their inputs differ in both traces alike, and they still read the same thing.
-    The pairs come from ``flow``, asked once, on first use."""
+    """Whether two calls (``one`` of trace A, ``other`` of B) received the output of calls paired with each other
+    (data flow): after a divergence upstream their inputs differ in both traces alike, and they still read the same
+    thing. The pairs come from ``flow``, asked once, on first use."""
     counterparts: list[tuple[dict[str, str], dict[str, str]]] = []
 
     def fed_alike(one: CallNode, other: CallNode) -> bool:
@@ -102,6 +102,10 @@ def _fed_alike(flow: Callable[[], Sequence[tuple[CallNode, CallNode]]]) -> Calla
         return False
 
     return fed_alike
+
+
+def _swapped(fed_alike: Callable[[CallNode, CallNode], bool]) -> Callable[[CallNode, CallNode], bool]:
+    return lambda one, other: fed_alike(other, one)
 
 
 def _runs(
@@ -180,7 +184,9 @@ def find_fused(
             candidates = [node for node in by_caller.get(id(caller), ()) if id(node) not in used]
             if any(_same_output(fused, node) for node in candidates):
                 continue  # a call of the fused one's own shape is there: a one-to-one pair, left to alignment
-            run = next(_runs(fused, candidates, tolerance or Tolerance(), fed_alike), None)
+            # fed_alike takes (a call of A, a call of B): the fused call is B's when the parts are A's
+            fed = fed_alike if fused_in_a else _swapped(fed_alike)
+            run = next(_runs(fused, candidates, tolerance or Tolerance(), fed), None)
             if run is None:
                 continue
             offsets, at = [], 0

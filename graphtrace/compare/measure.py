@@ -26,7 +26,19 @@ from typing import Any, Literal
 
 from graphtrace.model import Stats, TensorRecord
 
-__all__ = ["STAT_NAMES", "Basis", "StatPoint", "Status", "TensorDiff", "Tolerance", "measure", "stats_close"]
+__all__ = [
+    "STAT_NAMES",
+    "Basis",
+    "StatPoint",
+    "Status",
+    "TensorDiff",
+    "Tolerance",
+    "broadcastable",
+    "mask_record",
+    "measure",
+    "measure_masks",
+    "stats_close",
+]
 
 Basis = Literal["values", "stats", "none"]
 """What a difference was computed from: both full tensors, both sets of statistics, or nothing comparable."""
@@ -662,6 +674,77 @@ def measure(
             return TensorDiff(**base, basis="stats", status=status, reason=reason)
     reason = "" if a.stats is None and b.stats is None else f"no statistics in {'A' if a.stats is None else 'B'}"
     return TensorDiff(**base, basis="none", status="unchecked", reason=reason)
+
+
+# -- attention masks of two conventions ---------------------------------------------------------------------------
+
+
+def mask_record(record: TensorRecord) -> bool:
+    """An attention mask: a boolean tensor, or an additive one (0 where kept, -inf or the dtype's lowest value where
+    masked: its largest value is 0)."""
+    if record.dtype == "torch.bool":
+        return True
+    return record.stats is not None and record.stats.max == 0.0 and _mask_like(record)
+
+
+def broadcastable(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The shape ``a`` and ``b`` broadcast to, or None when they do not (a mask ``[1, 1, T, T]`` against one of
+    ``[B, 1, T, T]``: its consumer broadcasts it over the batch)."""
+    rank = max(len(a), len(b))
+    padded_a, padded_b = (1,) * (rank - len(a)) + a, (1,) * (rank - len(b)) + b
+    if any(x != y and 1 not in (x, y) for x, y in zip(padded_a, padded_b)):
+        return None
+    return tuple(max(x, y) for x, y in zip(padded_a, padded_b))
+
+
+def _kept(t: Any, dtype: str) -> Any | None:
+    """The positions a mask keeps (a boolean tensor), or None when an additive mask also holds other values than 0
+    (a position bias added to it): not a mask alone."""
+    if dtype == "torch.bool":
+        return t
+    masked = _masked(t, dtype)
+    if bool((t.masked_fill(masked, 0.0) != 0).any().item()):
+        return None
+    return masked.logical_not()
+
+
+def measure_masks(
+    name_a: str, a: TensorRecord, name_b: str, b: TensorRecord, values: tuple[Any, Any] | None
+) -> TensorDiff:
+    """Two attention masks given at the same place in other conventions (:func:`mask_record`): a boolean one and an
+    additive one, or shapes that differ by a dimension one of them broadcasts. They are compared by the positions
+    they keep, broadcast to one shape; a boolean mask may mark the kept positions or the masked ones (SDPA's
+    ``attn_mask`` against ``masked_fill``), so either reading that matches is equal. Statistics cannot tell patterns
+    apart: without both values the pair is unchecked."""
+    base: dict[str, Any] = {
+        "name_a": name_a,
+        "name_b": name_b,
+        "shape_a": a.shape,
+        "shape_b": b.shape,
+        "dtype_a": a.dtype,
+        "dtype_b": b.dtype,
+        "rtol": 0.0,
+        "atol": 0.0,
+    }
+    shape = broadcastable(a.shape, b.shape)
+    kept = None if values is None or shape is None else (_kept(values[0], a.dtype), _kept(values[1], b.dtype))
+    if shape is None or kept is None or kept[0] is None or kept[1] is None:
+        reason = "masks in other conventions: compared by their values only"
+        return TensorDiff(**base, basis="none", status="unchecked", reason=reason)
+
+    def spread(t: Any) -> Any:
+        return t.reshape((1,) * (len(shape) - t.dim()) + tuple(t.shape)).expand(*shape)
+
+    keep_a, keep_b = spread(kept[0]), spread(kept[1])
+    apart = int((keep_a != keep_b).sum().item())
+    equivalence = "masks compared by the positions they keep"
+    if apart and "torch.bool" in (a.dtype, b.dtype) and bool((keep_a == keep_b.logical_not()).all().item()):
+        apart, equivalence = 0, "masks compared by the positions they keep (True marking masked positions)"
+    numel = math.prod(shape)
+    if apart:
+        reason = f"masks: {apart} of {numel} positions kept on one side only"
+        return TensorDiff(**base, basis="values", status="diverged", max_abs=1.0, outside=apart, reason=reason)
+    return TensorDiff(**base, basis="values", status="equal", max_abs=0.0, outside=0, equivalence=equivalence)
 
 
 # -- integers from their repr lines ----------------------------------------------------------------------------------

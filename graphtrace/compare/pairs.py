@@ -3,8 +3,10 @@
 Tensors pair by position first (``inputs_args_0`` with ``inputs_args_0``, ``outputs_logits`` with
 ``outputs_logits``); what is left pairs in order among tensors of the same shape, so that a port passing
 ``hidden_states`` by keyword still compares with an original passing it positionally. Inputs left over stay apart
-(extra arguments, not a difference); outputs left over pair in order anyway, so that an output of the wrong shape
-is reported. Full values are loaded (through the :class:`ValueFiles` the caller opens) only when both traces hold files.
+(extra arguments, not a difference), but for one attention mask on each side in other conventions (boolean and
+additive, or broadcast over the batch), compared by the positions it keeps; outputs left over pair in order anyway,
+so that an output of the wrong shape is reported. Full values are loaded (through the :class:`ValueFiles` the caller
+opens) only when both traces hold files.
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ from typing import Any, Protocol
 from graphtrace.compare.align import Match, MatchKind, without_block_number
 from graphtrace.compare.fused import FusedMatch, concatenated_record
 from graphtrace.compare.fused_layout import PartColumns, part_columns
-from graphtrace.compare.measure import Status, TensorDiff, Tolerance, measure, shape_key
+from graphtrace.compare.measure import (
+    Status,
+    TensorDiff,
+    Tolerance,
+    broadcastable,
+    mask_record,
+    measure,
+    measure_masks,
+    shape_key,
+)
 from graphtrace.errors import TraceFormatError
 from graphtrace.model import CallNode, TensorRecord, Trace
 
@@ -259,6 +270,24 @@ def _side_outputs(
     ]
 
 
+def _masks_apart(a: CallNode, b: CallNode, in_a: list[str], in_b: list[str]) -> tuple[Named, Named] | None:
+    """The attention masks the two calls are given in other conventions, when each call is given exactly one mask
+    left unpaired (a boolean ``[1, 1, T, T]`` of the port against transformers' additive ``[B, 1, T, T]``) and their
+    shapes broadcast to one another: the same quantity, compared by the positions it keeps."""
+    left_a = [(name, record) for name, record in a.input_tensors() if name in in_a and mask_record(record)]
+    left_b = [(name, record) for name, record in b.input_tensors() if name in in_b and mask_record(record)]
+    if len(left_a) != 1 or len(left_b) != 1 or broadcastable(left_a[0][1].shape, left_b[0][1].shape) is None:
+        return None
+    return left_a[0], left_b[0]
+
+
+def _measure_masks(masks: tuple[Named, Named] | None, stored: StoredValues) -> tuple[TensorDiff, ...]:
+    if masks is None:
+        return ()
+    (name_a, a), (name_b, b) = masks
+    return (measure_masks("inputs" + name_a, a, "inputs" + name_b, b, stored.both(a, b)),)
+
+
 def diff_call(
     step: int,
     match: Match,
@@ -272,6 +301,9 @@ def diff_call(
     ``layouts``: the only re-ordering of the last dimension allowed for in each output ("" none), else any."""
     a, b = match.a, match.b
     in_pairs, in_a, in_b = _pair(a.input_tensors(), b.input_tensors(), any_shape=False)
+    masks = _masks_apart(a, b, in_a, in_b)
+    if masks is not None:
+        in_a, in_b = [n for n in in_a if n != masks[0][0]], [n for n in in_b if n != masks[1][0]]
     out_pairs, out_a, out_b = _pair(a.output_tensors(), b.output_tensors(), any_shape=True)
     side = _side_outputs(out_pairs, a, b, reads)
     if side:
@@ -283,7 +315,7 @@ def diff_call(
         a=a,
         b=b,
         how=match.how,
-        inputs=_measure_pairs("inputs", in_pairs, tolerance, stored),
+        inputs=_measure_pairs("inputs", in_pairs, tolerance, stored) + _measure_masks(masks, stored),
         # the model's own output is read as it is laid out: a transposed result is another shape
         outputs=_measure_pairs(
             "outputs", out_pairs, tolerance, stored, any_dims_order=_called_from_inside(a), layouts=layouts
