@@ -775,7 +775,9 @@ def _reshaping_leaves(
     pass pairs calls whose outputs differ in shape, and the calls after it then differ in shape too, so the departure
     would be blamed far downstream. Inside the innermost pair of matched containers that holds it, an unmatched leaf
     of A pairs with an unmatched leaf of B of the same module type given the same input (its shape and statistics)
-    whose output has another shape, when each is the only such leaf there. Returns the positions in A paired.
+    whose output has another shape, when each is the only such leaf there and the scope's outputs depart (where they
+    agree, the other shape is undone inside it: nanoGPT's lm_head over a padded vocabulary, its logits cut). Returns
+    the positions in A paired.
     ``a_calls`` and ``b_calls`` are in pre-order (``walk``)."""
     end_a, end_b = _subtree_ends(a_calls), _subtree_ends(b_calls)
     matched_b = {j for j, _ in found.values()}
@@ -820,6 +822,8 @@ def _reshaping_leaves(
             if scope not in found or b_calls[found[scope][0]].leaf:
                 continue
             lo_b = found[scope][0]
+            if score.close(_output_probe(a_calls[scope]), _output_probe(b_calls[lo_b])):
+                break  # the scope agrees: the other shape is the port's own layout (a vocabulary padded, then cut)
             theirs = [(k, y) for k, y in loose_b if lo_b < k <= end_b[lo_b] and k not in matched_b and alike(mine, y)]
             if len(theirs) == 1:
                 rivals = [
