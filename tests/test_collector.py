@@ -74,6 +74,26 @@ def test_collection_runs_between_the_steps_of_a_session() -> None:
     assert session.trace is not None and len(session.trace.steps) == 2
 
 
+def test_collection_comes_back_when_a_step_fails_to_begin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that raises as it begins (its previous step's files not finished, its arguments not recorded) never
+    ends: collection must not wait for it for the rest of the session."""
+    from graphtrace.engine import recorder
+
+    def failing(values: Any) -> None:
+        raise OSError("the previous step's files could not be finished")
+
+    model = SeesTheCollector()
+    with graphtrace.tracing(model):
+        with monkeypatch.context() as patch:
+            patch.setattr(recorder, "find_cache", failing)
+            with pytest.raises(OSError, match="could not be finished"):
+                model(torch.ones(2, 4))
+        after_failure = gc.isenabled()
+        model(torch.ones(2, 4))
+        after_a_step = gc.isenabled()
+    assert after_failure and after_a_step and model.seen == [False]
+
+
 def test_the_shim_holds_collection_off_only_during_a_forward(tmp_path: Path) -> None:
     model = SeesTheCollector()
     with graphtrace.model_addition_debugger_context(model, debug_path=str(tmp_path)):

@@ -286,3 +286,33 @@ def test_a_layout_taught_elsewhere_keeps_two_swapped_parts_apart() -> None:
     assert imposed is not None and imposed.key == taught.key
     assert torch.equal(fused.index_select(-1, imposed.columns[1]), k)  # the part loaded as v: against k's columns
     assert taught.like([32, 32], fused) is None  # another projection's parts
+
+
+def test_leaves_of_another_shape_pair_without_a_quadratic_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hundreds of unmatched leaves given the same input, each returning another shape than every leaf of the other
+    trace: none pairs (none is the only one), and finding that out costs a few comparisons per leaf, not one per
+    pair of leaves (a 10k-call trace would take minutes)."""
+
+    def tensor(width: int, seed: float) -> TensorRecord:
+        return TensorRecord(shape=(1, width), dtype="torch.float32", stats=Stats(seed, 1.0, -2.0, 2.0))
+
+    def root(path: str, width: int) -> CallNode:
+        leaves = tuple(
+            CallNode(path=f"{path}.{prefix}{i}", type_name="Linear", args=(tensor(8, 0.0),), outputs=tensor(width, i))
+            for i, prefix in ((i, "a" if width == 8 else "b") for i in range(300))
+        )
+        return CallNode(path=path, leaf=False, args=(tensor(8, 0.0),), outputs=tensor(8, width), children=leaves)
+
+    a, b = list(root("A", 8).walk()), list(root("B", 9).walk())
+    compared = 0
+    close = align._Scorer.close
+
+    def counted(self: align._Scorer, x: object, y: object) -> bool:
+        nonlocal compared
+        compared += 1
+        return close(self, x, y)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(align._Scorer, "close", counted)
+    found: dict[int, tuple[int, align.MatchKind]] = {0: (0, "path")}
+    assert align._reshaping_leaves(found, a, b, (set(), set()), align.DEFAULT_TOLERANCE) == set()
+    assert compared <= 4 * 300, compared

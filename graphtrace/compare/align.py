@@ -18,11 +18,12 @@ Three ways, tried in this order (``mode="auto"``):
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from graphtrace.compare.fused import FusedMatch, find_fused
 from graphtrace.compare.measure import StatPoint, Tolerance, shape_key
@@ -39,6 +40,8 @@ __all__ = [
     "relative_path",
     "returned_order",
 ]
+
+_T = TypeVar("_T")
 
 AlignMode = Literal["auto", "path", "structure"]
 MatchKind = Literal["path", "rule", "structure", "fused"]
@@ -858,7 +861,9 @@ def _reshaping_leaves(
     pass pairs calls whose outputs differ in shape, and the calls after it then differ in shape too, so the departure
     would be blamed far downstream. Inside the innermost pair of matched containers that holds it, an unmatched leaf
     of A pairs with an unmatched leaf of B of the same module type given the same input (its shape and statistics)
-    whose output has another shape, when each is the only such leaf there. Returns the positions in A paired.
+    whose output has another shape, when each is the only such leaf there and the scope's outputs depart (where they
+    agree, the other shape is undone inside it: nanoGPT's lm_head over a padded vocabulary, its logits cut). Returns
+    the positions in A paired.
     ``a_calls`` and ``b_calls`` are in pre-order (``walk``)."""
     end_a, end_b = _subtree_ends(a_calls), _subtree_ends(b_calls)
     matched_b = {j for j, _ in found.values()}
@@ -903,17 +908,35 @@ def _reshaping_leaves(
             if scope not in found or b_calls[found[scope][0]].leaf:
                 continue
             lo_b = found[scope][0]
-            theirs = [(k, y) for k, y in loose_b if lo_b < k <= end_b[lo_b] and k not in matched_b and alike(mine, y)]
+            if score.close(_output_probe(a_calls[scope]), _output_probe(b_calls[lo_b])):
+                break  # the scope agrees: the other shape is the port's own layout (a vocabulary padded, then cut)
+            theirs = _two(
+                k_y for k_y in _within(loose_b, lo_b, end_b[lo_b]) if k_y[0] not in matched_b and alike(mine, k_y[1])
+            )
             if len(theirs) == 1:
-                rivals = [
-                    k for k, x in loose_a if scope < k <= end_a[scope] and k not in found and alike(x, theirs[0][1])
-                ]
+                rivals = _two(
+                    k for k, x in _within(loose_a, scope, end_a[scope]) if k not in found and alike(x, theirs[0][1])
+                )
                 if rivals == [i]:
                     found[i] = (theirs[0][0], "structure")
                     matched_b.add(theirs[0][0])
                     paired.add(i)
             break
     return paired
+
+
+def _within(loose: Sequence[tuple[int, _Signature]], lo: int, hi: int) -> Sequence[tuple[int, _Signature]]:
+    """The entries of ``loose`` (by position, ascending) inside the container at ``lo`` that ends at ``hi``."""
+    return loose[bisect.bisect_right(loose, lo, key=_position) : bisect.bisect_right(loose, hi, key=_position)]
+
+
+def _position(entry: tuple[int, _Signature]) -> int:
+    return entry[0]
+
+
+def _two(found: Iterable[_T]) -> list[_T]:
+    """The first two of ``found``: whether there is exactly one needs no more (a scan stops there)."""
+    return list(itertools.islice(found, 2))
 
 
 def _subtree_ends(calls: Sequence[CallNode]) -> list[int]:

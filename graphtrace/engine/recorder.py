@@ -202,37 +202,44 @@ class Recorder:
 
         An op's call (``kind="op"``, recorded by the fx engine) takes no part in data flow by tensor identity: the
         engine knows it from the graph."""
-        if not self._stack:
+        step = not self._stack
+        if step:
             if not (root or self.detached_steps):
                 return None
             root = True  # the first call of a step is its root, also a detached submodule call
             self.collector.hold()
-            self._counts = {}
-            self._seen = {}
-            self._aliases = {}
-            if self.step_caches:
-                cache = find_cache((*args, *kwargs.values()))
-                self._step_cache = StepCache(cache) if cache is not None else None
-            if self.on_step_start is not None:
-                self.on_step_start(self._step_count)
-        index = self._counts.get(path, 0)
-        self._counts[path] = index + 1
-        frame = Frame(path, index, type_name, leaf, strategy, root, kind)
-        self.calls += 1
-        if self._deferral is not None:
-            self._deferral.begin(frame, self._stack[-1] if self._stack else None)
-        if self.select is not None and (not self._stack or self._stack[-1].structural) and not self.select(path):
-            frame.structural = True
+        try:
+            if step:
+                self._counts = {}
+                self._seen = {}
+                self._aliases = {}
+                if self.step_caches:
+                    cache = find_cache((*args, *kwargs.values()))
+                    self._step_cache = StepCache(cache) if cache is not None else None
+                if self.on_step_start is not None:
+                    self.on_step_start(self._step_count)
+            index = self._counts.get(path, 0)
+            self._counts[path] = index + 1
+            frame = Frame(path, index, type_name, leaf, strategy, root, kind)
+            self.calls += 1
+            if self._deferral is not None:
+                self._deferral.begin(frame, self._stack[-1] if self._stack else None)
+            if self.select is not None and (not self._stack or self._stack[-1].structural) and not self.select(path):
+                frame.structural = True
+                self._stack.append(frame)
+                return frame
+            prefix = f"{frame.name}_inputs" if self._named else ""
+            # The reference records {"args": ..., "kwargs": ...}; a submodule drops an empty one (naming is unaffected).
+            if args:
+                frame.args = self._convert_sequence(args, f"{prefix}_args", frame, True, False)
+            if kwargs:
+                frame.kwargs = self._convert_mapping(kwargs, f"{prefix}_kwargs", frame, True, False)
             self._stack.append(frame)
             return frame
-        prefix = f"{frame.name}_inputs" if self._named else ""
-        # The reference records {"args": ..., "kwargs": ...}; a submodule drops an empty one (naming is unaffected).
-        if args:
-            frame.args = self._convert_sequence(args, f"{prefix}_args", frame, True, False)
-        if kwargs:
-            frame.kwargs = self._convert_mapping(kwargs, f"{prefix}_kwargs", frame, True, False)
-        self._stack.append(frame)
-        return frame
+        except BaseException:
+            if step and not self._stack:  # the step never began, so nothing will end it: collection resumes now
+                self.collector.release()
+            raise
 
     def end(self, frame: Frame, output: Any) -> None:
         """Record the return of ``frame``'s call with ``output``."""
