@@ -193,27 +193,33 @@ class Session:
             self._sink.directory = make_subdirectory(self._streaming_folder(step))
 
     def __enter__(self) -> Session:
-        if self.recording and self.single_call:
+        if not self.recording:
+            return self
+        if self.single_call:
             self._collector.hold()
-        if self.recording:
+        try:
             attachment = recording(self.model, self._recorder, strategy=self.strategy, ops=self.ops)
             self._progress.start()
             try:
                 self._fallbacks = attachment.__enter__()
             except BaseException:
                 self._progress.stop()
-                self._collector.release_all()
                 raise
-            self._attachment = attachment
+        except BaseException:
+            self._collector.release_all()
+            raise
+        self._attachment = attachment
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         try:
             self._finish(exc)
         finally:
-            self._progress.stop()
-            self._release()
-            self._collector.release_all()
+            try:
+                self._progress.stop()
+            finally:  # also when stopping the progress line was interrupted
+                self._collector.release_all()
+                self._release()
 
     def _release(self) -> None:
         """Break the cycles of a finished session (its recorder and progress line call back into it): a trace the

@@ -177,3 +177,17 @@ def test_a_tracing_session_and_the_shim_leave_no_cycle(tmp_path: Path) -> None:
 
     assert _graphtrace_garbage(session) == []
     assert _graphtrace_garbage(shim) == []
+
+
+def test_thresholds_come_back_when_stopping_the_progress_line_is_interrupted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second Ctrl-C while the progress line's thread is joined still puts the thresholds back."""
+    from graphtrace.progress import Progress
+
+    def interrupted(self: Progress) -> None:
+        raise KeyboardInterrupt
+
+    thresholds = gc.get_threshold()
+    monkeypatch.setattr(Progress, "stop", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        graphtrace.capture(SeesTheCollector(), torch.ones(2, 4))
+    assert gc.get_threshold() == thresholds and not _held()
