@@ -31,6 +31,7 @@ from graphtrace.compare.pairs import (
     diff_fused,
     given,
     taught_layouts,
+    unread_padding,
 )
 from graphtrace.compare.report import Comparison, Unmatched
 from graphtrace.compare.rules import RenameRule, parse_rules
@@ -182,6 +183,7 @@ def compare(
         reads = given(root_a), given(root_b)
         step_calls = [diff_call(step_a, match, tolerance, stored, reads) for match in matches]
         step_calls = taught_layouts(step_calls, _caller(root_a, step_calls), tolerance, stored, reads)
+        step_calls = unread_padding(step_calls, _caller(root_a, step_calls))
         if alignment.fused:
             caller = _fused_caller(_caller(root_a, step_calls))
             step_calls += diff_fused(step_a, alignment.fused, caller, tolerance, stored)

@@ -194,6 +194,10 @@ class TensorDiff:
     reason: str = ""
     equivalence: str = ""
     layout: str = ""
+    padded: bool = False
+    """B's tensor is A's padded along one dimension (:func:`padding`), and there were no values to compare the part
+    they share: whether the padding matters is for the caller to tell (a head over a padded vocabulary whose logits
+    the model cuts back)."""
     """The re-ordering of the last dimension allowed for ("" none): one of :func:`_last_dim_permutations`'
     descriptions, or :data:`PERMUTED`."""
 
@@ -608,6 +612,17 @@ def _join(first: str, second: str) -> str:
     return f"{first}; {second}" if first else second
 
 
+def padding(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int] | None:
+    """``(dim, size)`` when ``b`` is ``a`` with one dimension made larger (nanoGPT and litgpt pad the vocabulary of
+    their head, 50257 to 50304, and cut the logits after): the first ``size`` entries along ``dim`` are A's."""
+    if len(a) != len(b):
+        return None
+    apart = [dim for dim, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+    if len(apart) != 1 or b[apart[0]] < a[apart[0]]:
+        return None
+    return apart[0], a[apart[0]]
+
+
 def measure(
     name_a: str,
     a: TensorRecord,
@@ -638,9 +653,14 @@ def measure(
     if a.shape != b.shape:
         orders = dims_orders(a.shape, b.shape) if any_dims_order else []
         if squeezed(a.shape) != squeezed(b.shape) and not orders:
-            return TensorDiff(
-                **base, basis="none", status="diverged", reason=f"shape {list(a.shape)} vs {list(b.shape)}"
-            )
+            pad = padding(a.shape, b.shape)
+            if pad is not None and values is not None:  # compared on what the two hold alike
+                dim, size = pad
+                base["equivalence"] = f"B's dim {dim} padded from {size} to {b.shape[dim]}: its first {size} compared"
+                ta, tb = values
+                return _from_values(ta, tb.narrow(dim, 0, size), base, normwise=tolerance.atol is None, layout=layout)
+            reason = f"shape {list(a.shape)} vs {list(b.shape)}"
+            return TensorDiff(**base, basis="none", status="diverged", reason=reason, padded=pad is not None)
         if not orders:
             base["equivalence"] = f"shapes {list(a.shape)} and {list(b.shape)} differ only by size-1 dims"
         else:

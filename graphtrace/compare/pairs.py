@@ -29,6 +29,7 @@ from graphtrace.compare.measure import (
     mask_record,
     measure,
     measure_masks,
+    padding,
     shape_key,
 )
 from graphtrace.errors import TraceFormatError
@@ -44,6 +45,7 @@ __all__ = [
     "diff_fused",
     "given",
     "taught_layouts",
+    "unread_padding",
 ]
 
 Named = tuple[str, TensorRecord]
@@ -209,7 +211,8 @@ def _measure_pairs(
 ) -> tuple[TensorDiff, ...]:
     diffs = []
     for k, ((name_a, a), (name_b, b)) in enumerate(pairs):
-        values = stored.both(a, b) if shape_key(a.shape) == shape_key(b.shape) else None
+        alike = shape_key(a.shape) == shape_key(b.shape) or padding(a.shape, b.shape) is not None
+        values = stored.both(a, b) if alike else None
         layout = layouts[k] if layouts is not None and k < len(layouts) else None
         diffs.append(
             measure(
@@ -390,6 +393,27 @@ def taught_layouts(
             call = diff_call(call.step, Match(call.a, call.b, call.how), tolerance, stored, reads, layouts=usual)
         taught.append(call)
     return taught
+
+
+def unread_padding(calls: Sequence[CallDiff], caller: Callable[[CallNode], CallDiff | None]) -> list[CallDiff]:
+    """``calls``, those whose only departure is an output B pads along one dimension (compared without values)
+    made unchecked where their caller agrees: what the port added is never read (the logits of a head over a padded
+    vocabulary, cut back by the model). Under a caller that departs, the padding stays a departure."""
+    kept = []
+    for call in calls:
+        diverged = [d for d in call.outputs if d.status == "diverged"]
+        if diverged and call.error is None and all(d.padded for d in diverged) and _caller_agrees(caller(call.a)):
+            outputs = tuple(
+                dataclasses.replace(
+                    d, status="unchecked", reason=f"{d.reason}: B's padding, unread (its caller agrees)"
+                )
+                if d.padded
+                else d
+                for d in call.outputs
+            )
+            call = dataclasses.replace(call, outputs=outputs)
+        kept.append(call)
+    return kept
 
 
 def _code(call: CallDiff) -> tuple[str, str]:
