@@ -127,6 +127,8 @@ def _runs(
             usable.append(None)
         elif node.leaf != fused.leaf:  # a projection's parts are projections, not an attention around them
             usable.append(None)
+        elif part_out.shape[-1] >= width:  # a part is narrower than the whole (checked first: it costs nothing)
+            usable.append(None)
         elif squeezed(part_in.shape) != squeezed(given.shape) or squeezed(part_out.shape[:-1]) != lead:
             usable.append(None)
         elif not _same_input(given, part_in, tolerance) and not fed_alike(fused, node):
