@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from graphtrace.compare.fused import FusedMatch, find_fused
-from graphtrace.compare.measure import StatPoint, Tolerance, shape_key
+from graphtrace.compare.measure import ShapeKey, StatPoint, Tolerance, shape_key
 from graphtrace.compare.rules import RenameRule, apply_rules
 from graphtrace.model import CallNode, TensorRecord, numbered
 
@@ -175,7 +175,7 @@ class _Signature:
         self.size = sum(1 for _ in node.walk()) if not node.leaf else 1
         if node.outputs is None:  # a container in transformers' format, or a call that raised: outputs unknown
             self.first_out: TensorRecord | None = None
-            self.out_shapes: tuple[tuple[int, ...], ...] | None = None
+            self.out_shapes: tuple[ShapeKey, ...] | None = None
         else:
             outputs = [record for _, record in node.output_tensors()]
             self.first_out = outputs[0] if outputs else None
