@@ -89,7 +89,7 @@ def _pair(
         k = by_name.get(item[0])
         # an input passed at the same place but of another shape is another quantity (a port passing a bias where
         # the original passes a mask): it stays apart, as an extra argument; an output is reported
-        if k is None or not any_shape and shape_key(rest_b[k][1].shape) != shape_key(item[1].shape):
+        if k is None or not any_shape and not _same_quantity(rest_b[k][1], item[1]):
             rest_a.append(item)
         else:
             pairs.append((item, rest_b[k]))
@@ -97,7 +97,7 @@ def _pair(
     rest_b = [item for k, item in enumerate(rest_b) if k not in taken]
     unpaired_a: list[Named] = []
     for item in rest_a:  # same shape first, in order
-        k = next((k for k, other in enumerate(rest_b) if shape_key(other[1].shape) == shape_key(item[1].shape)), None)
+        k = next((k for k, other in enumerate(rest_b) if _same_quantity(other[1], item[1])), None)
         if k is None:
             unpaired_a.append(item)
         else:
@@ -105,6 +105,13 @@ def _pair(
     left = min(len(unpaired_a), len(rest_b)) if any_shape else 0
     pairs += list(zip(unpaired_a[:left], rest_b[:left]))
     return pairs, [name for name, _ in unpaired_a[left:]], [name for name, _ in rest_b[left:]]
+
+
+def _same_quantity(a: TensorRecord, b: TensorRecord) -> bool:
+    """Whether two tensors may hold the same quantity: shapes alike (:class:`~graphtrace.compare.measure.ShapeKey`)
+    and both boolean or neither (a port's boolean mask, where the original adds a floating one, is another
+    quantity)."""
+    return shape_key(a.shape) == shape_key(b.shape) and (a.dtype == "torch.bool") == (b.dtype == "torch.bool")
 
 
 class ValueFiles(Protocol):
