@@ -85,7 +85,7 @@ def _same_input(given: TensorRecord, other: TensorRecord, tolerance: Tolerance) 
 
 
 def _fed_alike(flow: Callable[[], Sequence[tuple[CallNode, CallNode]]]) -> Callable[[CallNode, CallNode], bool]:
-    """Whether two calls (one of each trace) received the output of calls paired with each other (data flow):
+    """Whether two calls (of A, then of B) received the output of calls paired with each other (data flow):
     after a divergence upstream their inputs differ in both traces alike, and they still read the same thing.
     The pairs come from ``flow``, asked once, on first use."""
     counterparts: list[tuple[dict[str, str], dict[str, str]]] = []
@@ -109,6 +109,7 @@ def _runs(
     candidates: Sequence[CallNode],
     tolerance: Tolerance,
     fed_alike: Callable[[CallNode, CallNode], bool],
+    fused_in_a: bool,
 ) -> Iterator[tuple[CallNode, ...]]:
     """Runs of candidates whose outputs, side by side, make up ``fused``'s output: consecutive among those that
     could be parts (an MLP's gate and up projections with its activation called between them)."""
@@ -125,7 +126,9 @@ def _runs(
             usable.append(None)
         elif squeezed(part_in.shape) != squeezed(given.shape) or squeezed(part_out.shape[:-1]) != lead:
             usable.append(None)
-        elif not _same_input(given, part_in, tolerance) and not fed_alike(fused, node):
+        elif not _same_input(given, part_in, tolerance) and not fed_alike(
+            *((fused, node) if fused_in_a else (node, fused))
+        ):
             usable.append(None)
         else:
             usable.append(part_out.shape[-1])
@@ -180,7 +183,7 @@ def find_fused(
             candidates = [node for node in by_caller.get(id(caller), ()) if id(node) not in used]
             if any(_same_output(fused, node) for node in candidates):
                 continue  # a call of the fused one's own shape is there: a one-to-one pair, left to alignment
-            run = next(_runs(fused, candidates, tolerance or Tolerance(), fed_alike), None)
+            run = next(_runs(fused, candidates, tolerance or Tolerance(), fed_alike, fused_in_a), None)
             if run is None:
                 continue
             offsets, at = [], 0
