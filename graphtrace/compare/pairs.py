@@ -298,7 +298,7 @@ def _diff_fused(
     values: tuple[Any, list[Any]] | None,
     layout: PartColumns | None,
 ) -> list[CallDiff]:
-    fused_out = _single(fused.fused)
+    fused_out = fused.side_by_side(_single(fused.fused))
     part_outs = [_single(part) for part in fused.parts]
     combined = concatenated_record(part_outs)
     diffs = []
@@ -307,6 +307,8 @@ def _diff_fused(
         in_pairs, in_a, in_b = _pair(a.input_tensors(), b.input_tensors(), any_shape=False)
         width = part_out.shape[-1]
         where = f"[..., {offset}:{offset + width}]" if layout is None else layout.where(k)
+        if fused.stacked and (layout is None or layout.key == (1, tuple(fused.offsets))):
+            where = f"[{k}]"  # the parts in their order on the leading axis
         if values is not None and layout is not None:
             whole, own = values[0], values[1][k]
             sliced = whole.index_select(-1, layout.columns[k]).reshape(own.shape)
@@ -358,6 +360,9 @@ def _fused_values(fused: FusedMatch, stored: StoredValues) -> tuple[Any, list[An
         fused_values, part_values = (values[0], values[1]) if fused.fused_in_a else (values[1], values[0])
         whole = fused_values if whole is None else whole
         own.append(part_values)
+    if whole is not None and fused.stacked:  # [S, *part] laid out as the parts side by side: [..., S * width]
+        shape = tuple(own[0].shape)
+        whole = whole.reshape(len(own), *shape).movedim(0, -2).reshape(*shape[:-1], len(own) * shape[-1])
     return (whole, own) if whole is not None else None
 
 
