@@ -25,6 +25,7 @@ import torch  # noqa: E402
 import graphtrace  # noqa: E402
 from tests import (  # noqa: E402
     independent_bert,
+    independent_einsum_port,
     independent_gpt2,
     independent_lean_llama,
     independent_llama,
@@ -73,6 +74,8 @@ def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fus
         return independent_gpt2.split_port_of(originals["gpt2"], bug)
     if arch == "llama-lean":
         return independent_lean_llama.port_of(originals["llama"], bug)
+    if arch == "einsum":
+        return independent_einsum_port.port_of(originals["einsum"], bug)
     return independent_gpt2.port_of(originals["gpt2"], bug=bug)
 
 
@@ -89,6 +92,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "vllm": independent_vllm.hf_qwen(),
         "seq": independent_llama.hf_llama(),  # the Llama again, given a batch of two
         "moe": independent_moe.hf_mixtral(),
+        "einsum": independent_einsum_port.hf_gemma(),  # a Flax-style Gemma: einsum projections, stacked kv
     }
     rules = {
         "llama": independent_llama.RULES,
@@ -103,6 +107,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "moe": independent_moe.RULES,
         "gpt2-split": (),
         "llama-lean": independent_lean_llama.RULES,
+        "einsum": independent_einsum_port.RULES,
     }
     token_ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
     pixels = independent_vit.pixels()
@@ -122,6 +127,8 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     inputs["vllm"] = inputs["llama"]
     inputs["gpt2-split"] = inputs["gpt2"]
     inputs["llama-lean"] = inputs["llama"]
+    einsum_ids = independent_einsum_port.token_ids()
+    inputs["einsum"] = ({"input_ids": einsum_ids}, (einsum_ids,))
     faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False), ("moe", False))
     faithful += (("llama-lean", False), ("phi3", False), ("t5", False), ("seq-first", False), ("vllm", False))
     cases = [(arch, None, fused, None) for arch, fused in faithful]
@@ -131,6 +138,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     cases += SPLIT_CASES + NEOX_CASES + COMPOUND_CASES + independent_moe.CASES + independent_lean_llama.CASES
     cases += independent_phi3.CASES + independent_phi3.COMPOUND_CASES + independent_t5.CASES
     cases += independent_seq_first.CASES + independent_vllm.CASES
+    cases += [("einsum", None, False, None), *independent_einsum_port.CASES]
     rows = []
     for values in MODES:
         for arch in originals:  # gpt2-split's original is gpt2
@@ -164,6 +172,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
                         **independent_lean_llama.STATS_EXPECTED,
                         **independent_phi3.STATS_EXPECTED,
                         **independent_t5.STATS_EXPECTED,
+                        **independent_einsum_port.STATS_EXPECTED,
                     }
                     want = stats_expected.get((arch, bug or ""), want)
                 rows.append((name, values, "yes" if mapped else "no", named, want, named == want))
