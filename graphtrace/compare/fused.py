@@ -43,17 +43,18 @@ class FusedMatch:
     offsets: tuple[int, ...]
     fused_in_a: bool
     stacked: bool = False  # the parts stacked on a new leading axis ([2, B, T, ...]), compared as if side by side
+    split: bool = False  # the parts side by side in a last dim split into several ([B, T, 3, H, Dh])
 
     def side_by_side(self, record: TensorRecord) -> TensorRecord:
         """The fused output's record as its parts side by side along the last dimension: itself, or, when they are
-        stacked on a leading axis, with the parts' leading shape and their widths summed (no fingerprint: its
-        groups follow the stacking)."""
-        if not self.stacked:
+        stacked on a leading axis or the last dim is split, with the parts' leading shape and their widths summed
+        (no fingerprint when stacked: its groups follow the stacking)."""
+        if not self.stacked and not self.split:
             return record
         part = _single_output(self.parts[0])
         assert part is not None
         shape = (*part.shape[:-1], part.shape[-1] * len(self.parts))
-        return dataclasses.replace(record, shape=shape, sketch=None)
+        return dataclasses.replace(record, shape=shape, sketch=None if self.stacked else record.sketch)
 
 
 def _single_output(node: CallNode) -> TensorRecord | None:
@@ -88,7 +89,7 @@ def _matched_ancestor(node: CallNode, parents: dict[int, CallNode], matched: dic
 
 def _same_output(one: CallNode, other: CallNode) -> bool:
     a, b = _single_output(one), _single_output(other)
-    return a is not None and b is not None and squeezed(a.shape) == squeezed(b.shape)
+    return a is not None and b is not None and (squeezed(a.shape) == squeezed(b.shape) or split_alike(a.shape, b.shape))
 
 
 def _same_input(given: TensorRecord, other: TensorRecord, tolerance: Tolerance) -> bool:
@@ -142,6 +143,9 @@ def _runs(
     if out is None or given is None or not out.shape:
         return
     width, lead = out.shape[-1], squeezed(out.shape[:-1])
+    tokens, whole = squeezed(given.shape[:-1]), squeezed(out.shape)
+    if len(whole) > len(tokens) + 1 and whole[: len(tokens)] == tokens:  # a split last dim: [B, T, 3, H, Dh]
+        width, lead = math.prod(whole[len(tokens) :]), tokens
     usable: list[int | None] = []
     stacking: list[bool] = []
     for node in candidates:
@@ -231,7 +235,10 @@ def find_fused(
                 assert record is not None
                 at += record.shape[-1]
             used.update(id(node) for node in (fused, *run))
-            found.append(FusedMatch(fused, run, tuple(offsets), fused_in_a, stacked))
+            whole = _single_output(fused)
+            assert whole is not None and whole.shape
+            split = not stacked and at != whole.shape[-1]  # the parts' widths fill a last dim split into several
+            found.append(FusedMatch(fused, run, tuple(offsets), fused_in_a, stacked, split))
     return found
 
 

@@ -363,6 +363,8 @@ def _fused_values(fused: FusedMatch, stored: StoredValues) -> tuple[Any, list[An
     if whole is not None and fused.stacked:  # [S, *part] laid out as the parts side by side: [..., S * width]
         shape = tuple(own[0].shape)
         whole = whole.reshape(len(own), *shape).movedim(0, -2).reshape(*shape[:-1], len(own) * shape[-1])
+    elif whole is not None and fused.split:  # [..., 3, H, Dh] as [..., 3 * H * Dh]
+        whole = whole.reshape(*own[0].shape[:-1], sum(int(part.shape[-1]) for part in own))
     return (whole, own) if whole is not None else None
 
 
