@@ -138,7 +138,11 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     cases += SPLIT_CASES + NEOX_CASES + COMPOUND_CASES + independent_moe.CASES + independent_lean_llama.CASES
     cases += independent_phi3.CASES + independent_phi3.COMPOUND_CASES + independent_t5.CASES
     cases += independent_seq_first.CASES + independent_vllm.CASES
-    cases += [("einsum", None, False, None), *independent_einsum_port.CASES]
+    cases += [
+        ("einsum", None, False, None),
+        *[("einsum", variant, False, None) for variant in independent_einsum_port.VARIANTS],
+    ]
+    cases += independent_einsum_port.CASES + independent_einsum_port.COMPOUND_CASES
     rows = []
     for values in MODES:
         for arch in originals:  # gpt2-split's original is gpt2

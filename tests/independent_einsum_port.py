@@ -33,6 +33,11 @@ BUGS = (
     "unscaled_query",  # block 1's attention forgets the 1/sqrt(Dh) query scaling
 )
 
+# faithful, not a bug: kv_einsum and gating_einsum put their parts on an axis after the tokens ([B, T, 2, K, Dh],
+# [B, T, 2, F]: MaxText's fused projections), so their outputs are the parts side by side in a split last dim; a
+# variant and a bug together: ``"parts_inside+kv_swapped"``
+VARIANTS = ("parts_inside",)
+
 BUGGY_BLOCK = {"kv_swapped": 1, "rotary_on_v": 0, "scale_not_one_plus": 1, "exact_gelu": 2, "gate_up_swapped": 2}
 BUGGY_BLOCK["unscaled_query"] = 1
 
@@ -50,9 +55,16 @@ CASES = [
 
 # what only statistics can tell: the parts of a fused call are compared as a whole, so the port's module that calls
 # it is the most precise answer there is
+COMPOUND_CASES = [
+    ("einsum", "parts_inside+kv_swapped", False, "blocks.1.attn.kv_einsum"),
+    ("einsum", "parts_inside+gate_up_swapped", False, "blocks.2.mlp.gating_einsum"),
+]
+
 STATS_EXPECTED = {
     ("einsum", "kv_swapped"): "blocks.1.attn",
     ("einsum", "gate_up_swapped"): "blocks.2.mlp",
+    ("einsum", "parts_inside+kv_swapped"): "blocks.1.attn",
+    ("einsum", "parts_inside+gate_up_swapped"): "blocks.2.mlp",
 }
 
 # --map: the port's names for the original's modules; k_proj and v_proj share one kv_einsum, gate_proj and up_proj
@@ -111,14 +123,17 @@ class Attention(nn.Module):
     def __init__(self, c: dict, bug: str | None) -> None:  # type: ignore[type-arg]
         super().__init__()
         self.heads, self.kv_heads, self.head_dim, self.base = c["heads"], c["kv_heads"], c["head_dim"], c["base"]
-        self.bug = bug
+        self.bug, self.parts_inside = bug, c["parts_inside"]
         self.q_einsum = Einsum(c["dim"], c["heads"], c["head_dim"])
         self.kv_einsum = Einsum(2, c["dim"], c["kv_heads"], c["head_dim"])
         self.attn_vec_einsum = Einsum(c["heads"], c["head_dim"], c["dim"])
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         query = self.q_einsum("btd,dnh->btnh", x)
-        key, value = self.kv_einsum("btd,sdkh->sbtkh", x)
+        if self.parts_inside:
+            key, value = self.kv_einsum("btd,sdkh->btskh", x).unbind(2)
+        else:
+            key, value = self.kv_einsum("btd,sdkh->sbtkh", x)
         query = apply_rope(query, positions, self.base)
         key = apply_rope(key, positions, self.base)
         if self.bug == "rotary_on_v":
@@ -135,14 +150,17 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int, exact_gelu: bool) -> None:
+    def __init__(self, dim: int, hidden: int, exact_gelu: bool, parts_inside: bool) -> None:
         super().__init__()
-        self.approximate = "none" if exact_gelu else "tanh"
+        self.approximate, self.parts_inside = "none" if exact_gelu else "tanh", parts_inside
         self.gating_einsum = Einsum(2, dim, hidden)
         self.linear = Einsum(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gating_einsum("btd,sdf->sbtf", x)
+        if self.parts_inside:
+            gate, up = self.gating_einsum("btd,sdf->btsf", x).unbind(2)
+        else:
+            gate, up = self.gating_einsum("btd,sdf->sbtf", x)
         return self.linear("btf,fd->btd", F.gelu(gate, approximate=self.approximate) * up)
 
 
@@ -152,7 +170,7 @@ class Block(nn.Module):
         self.pre_attention_norm = RMSNorm(c["dim"], c["eps"])
         self.attn = Attention(c, bug)
         self.pre_ffw_norm = RMSNorm(c["dim"], c["eps"], one_plus=bug != "scale_not_one_plus")
-        self.mlp = FeedForward(c["dim"], c["hidden"], bug == "exact_gelu")
+        self.mlp = FeedForward(c["dim"], c["hidden"], bug == "exact_gelu", c["parts_inside"])
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.pre_attention_norm(x), positions, mask)
@@ -218,7 +236,12 @@ def hf_gemma(layers: int = 3, seed: int = 0):  # type: ignore[no-untyped-def]
 
 
 def port_of(hf, bug: str | None = None) -> Transformer:  # type: ignore[no-untyped-def]
-    """The port of ``hf`` (transformers' GemmaForCausalLM), its weights copied into einsum shape."""
+    """The port of ``hf`` (transformers' GemmaForCausalLM), its weights copied into einsum shape; ``bug`` may name a
+    variant, or a variant and a bug together (``"parts_inside+kv_swapped"``)."""
+    variant, _, bug = (bug or "").rpartition("+")
+    if bug in VARIANTS:
+        variant, bug = bug, ""
+    bug = bug or None
     config = hf.config
     heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     dim = config.hidden_size
@@ -232,6 +255,7 @@ def port_of(hf, bug: str | None = None) -> Transformer:  # type: ignore[no-untyp
         "head_dim": head_dim,
         "eps": config.rms_norm_eps,
         "base": config.rope_parameters["rope_theta"],
+        "parts_inside": variant == "parts_inside",
     }
     port = Transformer(c, bug).eval()
     with torch.no_grad():
@@ -259,4 +283,15 @@ def token_ids(seed: int = 1) -> torch.Tensor:
     return torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(seed))
 
 
-__all__ = ["BUGS", "CASES", "RULES", "STATS_EXPECTED", "Transformer", "hf_gemma", "port_of", "token_ids"]
+__all__ = [
+    "BUGS",
+    "CASES",
+    "COMPOUND_CASES",
+    "RULES",
+    "STATS_EXPECTED",
+    "VARIANTS",
+    "Transformer",
+    "hf_gemma",
+    "port_of",
+    "token_ids",
+]

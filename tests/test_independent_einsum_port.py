@@ -44,10 +44,13 @@ def test_the_port_is_faithful_and_each_bug_changes_the_output(original: torch.nn
 
 @pytest.mark.parametrize("values", MODES)
 @pytest.mark.parametrize("mapped", [False, True], ids=["structure", "rules"])
+@pytest.mark.parametrize("variant", [None, *port.VARIANTS])
 def test_a_faithful_einsum_port_compares_equal(
-    captured: Callable[..., tuple[Path, Path]], values: str, mapped: bool
+    captured: Callable[..., tuple[Path, Path]], values: str, mapped: bool, variant: str | None
 ) -> None:
-    a, b = captured(None, values)
+    """k and v stacked on a leading axis ([2, B, T, K, Dh]) or side by side in a split last dim ([B, T, 2, K, Dh],
+    the variant) against transformers' k_proj and v_proj."""
+    a, b = captured(variant, values)
     result = graphtrace.compare(a, b, rules=port.RULES if mapped else ())
     assert result.equal, result.table()
     fused = {
@@ -67,12 +70,15 @@ def test_a_faithful_einsum_port_compares_equal(
     if values != "repr":  # [B, T, H, Dh] against [B, T, H*Dh] by values; v is the second of the stacked parts
         assert "a last dim split" in q.outputs[0].equivalence, q.outputs[0]
         v = next(call for call in result.calls if call.a.path.endswith("layers.1.self_attn.v_proj"))
-        assert v.outputs[0].equivalence.startswith("a slice [1] of the fused kv_einsum"), v.outputs[0]
+        where = "[1]" if variant is None else "[..., 32:64]"
+        assert v.outputs[0].equivalence.startswith(f"a slice {where} of the fused kv_einsum"), v.outputs[0]
 
 
 @pytest.mark.parametrize("values", MODES)
 @pytest.mark.parametrize("mapped", [False, True], ids=["structure", "rules"])
-@pytest.mark.parametrize(("bug", "expected"), [(bug, expected) for _, bug, _, expected in port.CASES])
+@pytest.mark.parametrize(
+    ("bug", "expected"), [(bug, expected) for _, bug, _, expected in port.CASES + port.COMPOUND_CASES]
+)
 def test_each_bug_is_named_in_the_ports_terms(
     captured: Callable[..., tuple[Path, Path]], values: str, mapped: bool, bug: str, expected: str
 ) -> None:
