@@ -29,6 +29,7 @@ from tests import (  # noqa: E402
     independent_gpt2,
     independent_lean_llama,
     independent_llama,
+    independent_mamba,
     independent_moe,
     independent_neox,
     independent_phi3,
@@ -36,6 +37,7 @@ from tests import (  # noqa: E402
     independent_t5,
     independent_vit,
     independent_vllm,
+    independent_whisper_port,
 )
 from tests.independent_cases import (  # noqa: E402
     BERT_CASES,
@@ -74,6 +76,10 @@ def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fus
         return independent_gpt2.split_port_of(originals["gpt2"], bug)
     if arch == "llama-lean":
         return independent_lean_llama.port_of(originals["llama"], bug)
+    if arch == "mamba":
+        return independent_mamba.port_of(originals["mamba"], bug)
+    if arch == "whisper":
+        return independent_whisper_port.port_of(originals["whisper"], bug)
     if arch == "einsum":
         return independent_einsum_port.port_of(originals["einsum"], bug)
     return independent_gpt2.port_of(originals["gpt2"], bug=bug)
@@ -92,6 +98,8 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "vllm": independent_vllm.hf_qwen(),
         "seq": independent_llama.hf_llama(),  # the Llama again, given a batch of two
         "moe": independent_moe.hf_mixtral(),
+        "mamba": independent_mamba.hf_mamba(),
+        "whisper": independent_whisper_port.hf_whisper(),
         "einsum": independent_einsum_port.hf_gemma(),  # a Flax-style Gemma: einsum projections, stacked kv
     }
     rules = {
@@ -107,6 +115,8 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "moe": independent_moe.RULES,
         "gpt2-split": (),
         "llama-lean": independent_lean_llama.RULES,
+        "mamba": independent_mamba.RULES,
+        "whisper": independent_whisper_port.RULES,
         "einsum": independent_einsum_port.RULES,
     }
     token_ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
@@ -127,6 +137,10 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     inputs["vllm"] = inputs["llama"]
     inputs["gpt2-split"] = inputs["gpt2"]
     inputs["llama-lean"] = inputs["llama"]
+    mamba_ids = independent_mamba.token_ids()
+    inputs["mamba"] = ({"input_ids": mamba_ids}, (mamba_ids,))
+    mel, tokens = independent_whisper_port.inputs()
+    inputs["whisper"] = (independent_whisper_port.hf_inputs(mel, tokens), (mel, tokens))
     einsum_ids = independent_einsum_port.token_ids()
     inputs["einsum"] = ({"input_ids": einsum_ids}, (einsum_ids,))
     faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False), ("moe", False))
@@ -138,6 +152,8 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     cases += SPLIT_CASES + NEOX_CASES + COMPOUND_CASES + independent_moe.CASES + independent_lean_llama.CASES
     cases += independent_phi3.CASES + independent_phi3.COMPOUND_CASES + independent_t5.CASES
     cases += independent_seq_first.CASES + independent_vllm.CASES
+    cases += [("mamba", None, False, None), *independent_mamba.CASES]
+    cases += [("whisper", None, False, None), *independent_whisper_port.CASES]  # an openai-whisper style port
     cases += [
         ("einsum", None, False, None),
         *[("einsum", variant, False, None) for variant in independent_einsum_port.VARIANTS],
@@ -176,6 +192,8 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
                         **independent_lean_llama.STATS_EXPECTED,
                         **independent_phi3.STATS_EXPECTED,
                         **independent_t5.STATS_EXPECTED,
+                        **independent_mamba.STATS_EXPECTED,
+                        **independent_whisper_port.STATS_EXPECTED,
                         **independent_einsum_port.STATS_EXPECTED,
                     }
                     want = stats_expected.get((arch, bug or ""), want)

@@ -27,6 +27,7 @@ from torch import nn
 
 from graphtrace.coverage import describe_fallbacks
 from graphtrace.engine import PatchLedger, Recorder, attach
+from graphtrace.engine.collector import CollectorPause
 from graphtrace.engine.distributed import current_rank, world_size
 from graphtrace.errors import FxCaptureError, InvalidInputsError, InvalidModelError, InvalidOptionError, OutputPathError
 from graphtrace.io.safe_paths import make_subdirectory
@@ -165,6 +166,8 @@ class Session:
         self._attachment: AbstractContextManager[dict[str, str]] | None = None
         self._fallbacks: dict[str, str] = {}
         self._saving = False
+        # capture()'s one call: the collector waits from patching to saving (see engine/collector.py)
+        self._collector = CollectorPause()
         self._progress = Progress(self._progress_text, enabled=progress if self.recording else False)
 
     def _progress_text(self) -> str:
@@ -190,6 +193,8 @@ class Session:
             self._sink.directory = make_subdirectory(self._streaming_folder(step))
 
     def __enter__(self) -> Session:
+        if self.recording and self.single_call:
+            self._collector.hold()
         if self.recording:
             attachment = recording(self.model, self._recorder, strategy=self.strategy, ops=self.ops)
             self._progress.start()
@@ -197,6 +202,7 @@ class Session:
                 self._fallbacks = attachment.__enter__()
             except BaseException:
                 self._progress.stop()
+                self._collector.release_all()
                 raise
             self._attachment = attachment
         return self
@@ -206,6 +212,15 @@ class Session:
             self._finish(exc)
         finally:
             self._progress.stop()
+            self._release()
+            self._collector.release_all()
+
+    def _release(self) -> None:
+        """Break the cycles of a finished session (its recorder and progress line call back into it): a trace the
+        user drops is then freed at once, with the recorder's bookkeeping, not at some later garbage collection."""
+        self._recorder.on_step_start = None
+        self._progress.describe = str
+        self._attachment = None
 
     def _finish(self, exc: BaseException | None) -> None:
         self._saving = True
@@ -462,8 +477,14 @@ def recording(
     try:
         with _ONE_CAPTURE:
             ledger = PatchLedger()
+            ledger.on_restore(recorder.close)
             try:
-                yield attach(model, recorder, ledger, strategy=strategy, ops=ops, root_no_grad=root_no_grad)
+                recorder.collector.hold()  # the wrappers live as long as the capture: no collection scans them now
+                try:
+                    fallbacks = attach(model, recorder, ledger, strategy=strategy, ops=ops, root_no_grad=root_no_grad)
+                finally:
+                    recorder.collector.release()
+                yield fallbacks
             finally:
                 ledger.restore()
     finally:

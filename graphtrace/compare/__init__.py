@@ -22,7 +22,16 @@ from graphtrace.compare.fused import FusedMatch
 from graphtrace.compare.measure import TensorDiff, Tolerance
 from graphtrace.compare.nonfinite import first_nonfinite
 from graphtrace.compare.ops import OpLocus, locate_op
-from graphtrace.compare.pairs import CallDiff, OpenValues, StoredValues, ValueFiles, diff_call, diff_fused
+from graphtrace.compare.pairs import (
+    CallDiff,
+    OpenValues,
+    StoredValues,
+    ValueFiles,
+    diff_call,
+    diff_fused,
+    given,
+    taught_layouts,
+)
 from graphtrace.compare.report import Comparison, Unmatched
 from graphtrace.compare.rules import RenameRule, parse_rules
 from graphtrace.errors import InvalidOptionError
@@ -92,18 +101,23 @@ class CompareOptions(TypedDict, total=False):
     strict: bool
 
 
-def _caller(root_a: CallNode, calls: Sequence[CallDiff]) -> Callable[[FusedMatch], CallDiff | None]:
-    """The pair of the nearest matched caller of a fused projection (of its side in A)."""
+def _caller(root_a: CallNode, calls: Sequence[CallDiff]) -> Callable[[CallNode], CallDiff | None]:
+    """The pair of the nearest matched caller of a call of A."""
     diffs = {id(call.a): call for call in calls}
     parents = {id(child): node for node in root_a.walk() for child in node.children}
 
-    def caller(fused: FusedMatch) -> CallDiff | None:
-        node = parents.get(id(fused.fused if fused.fused_in_a else fused.parts[0]))
+    def caller(call: CallNode) -> CallDiff | None:
+        node = parents.get(id(call))
         while node is not None and id(node) not in diffs:
             node = parents.get(id(node))
         return diffs.get(id(node)) if node is not None else None
 
     return caller
+
+
+def _fused_caller(caller: Callable[[CallNode], CallDiff | None]) -> Callable[[FusedMatch], CallDiff | None]:
+    """The pair of the nearest matched caller of a fused projection (of its side in A)."""
+    return lambda fused: caller(fused.fused if fused.fused_in_a else fused.parts[0])
 
 
 def compare(
@@ -165,9 +179,12 @@ def compare(
         )
         order = {id(node): k for k, node in enumerate(returned_order(root_a))}
         matches = sorted(alignment.matches, key=lambda match: order[id(match.a)])
-        step_calls = [diff_call(step_a, match, tolerance, stored) for match in matches]
+        reads = given(root_a), given(root_b)
+        step_calls = [diff_call(step_a, match, tolerance, stored, reads) for match in matches]
+        step_calls = taught_layouts(step_calls, _caller(root_a, step_calls), tolerance, stored, reads)
         if alignment.fused:
-            step_calls += diff_fused(step_a, alignment.fused, _caller(root_a, step_calls), tolerance, stored)
+            caller = _fused_caller(_caller(root_a, step_calls))
+            step_calls += diff_fused(step_a, alignment.fused, caller, tolerance, stored)
             step_calls.sort(key=lambda call: order[id(call.a)])
         calls += step_calls
         only_a += [Unmatched(step_a, node) for node in alignment.only_a]

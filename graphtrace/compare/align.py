@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -187,16 +187,30 @@ class _Signature:
 
 class _SamePlace:
     """Whether two calls are called by callers matched to each other (a block's MLP and the port's, once the blocks
-    are paired)."""
+    are paired) that departed from each other.
 
-    def __init__(self, a_root: CallNode, b_root: CallNode, pairs: Iterable[tuple[CallNode, CallNode]]) -> None:
+    Where matched callers agree, what their children return agrees too, child for child, when they are the same
+    computation: children that share a kind of module but neither their input nor their output are then other
+    parts of the code (a parallel block's ``attn + ff`` is not the original's MLP), and only values may pair them.
+    Once the callers depart, values tell nothing and the make-up is what is left."""
+
+    def __init__(
+        self,
+        a_root: CallNode,
+        b_root: CallNode,
+        pairs: Iterable[tuple[CallNode, CallNode]],
+        close: Callable[[StatPoint | None, StatPoint | None], bool],
+    ) -> None:
         self.parent_a = {id(child): node for node in a_root.walk() for child in node.children}
         self.parent_b = {id(child): node for node in b_root.walk() for child in node.children}
         self.pairs = {(id(a), id(b)) for a, b in pairs}
+        self.close = close
 
     def __call__(self, a: CallNode, b: CallNode) -> bool:
         parent_a, parent_b = self.parent_a.get(id(a)), self.parent_b.get(id(b))
-        return parent_a is not None and parent_b is not None and (id(parent_a), id(parent_b)) in self.pairs
+        if parent_a is None or parent_b is None or (id(parent_a), id(parent_b)) not in self.pairs:
+            return False
+        return not self.close(_output_probe(parent_a), _output_probe(parent_b))
 
 
 class _Scorer:
@@ -214,7 +228,8 @@ class _Scorer:
             if first_x != first_y:
                 return 0
         score = 4
-        if x.node.type_name and x.node.type_name == y.node.type_name:
+        same_type = _same_type(x, y)
+        if same_type:
             score += 4
         if x.out_shapes is not None and x.out_shapes == y.out_shapes:
             score += 1
@@ -235,7 +250,6 @@ class _Scorer:
             if max(x.size, y.size) <= 2 * min(x.size, y.size):
                 score += 1  # a block is more like a block than like the stack of all blocks
             unmeasured = x.in_probe is None or y.in_probe is None  # token ids: no statistics to test the input by
-            same_type = bool(x.node.type_name) and x.node.type_name == y.node.type_name
             evidence = same_output or same_input or same_type or _same_block(x, y)
             if not evidence and shared and self.same_place is not None:
                 evidence = self.same_place(x.node, y.node)  # made of the same kinds, where matched callers call
@@ -250,6 +264,15 @@ class _Scorer:
         if dtypes not in self.tolerances:
             self.tolerances[dtypes] = self.tolerance.for_dtypes(*dtypes)
         return x.close_to(y, *self.tolerances[dtypes])
+
+
+def _same_type(x: _Signature, y: _Signature) -> bool:
+    """Both calls are of the same module type, and not merely by name: two containers that both call modules but
+    none of the same kind are other code under one class name (mamba-minimal's ``MambaBlock`` is the mixer inside
+    the layer that transformers calls ``MambaBlock``)."""
+    if not x.node.type_name or x.node.type_name != y.node.type_name:
+        return False
+    return not (x.child_types and y.child_types and not x.child_types & y.child_types)
 
 
 def _same_block(x: _Signature, y: _Signature) -> bool:
@@ -732,6 +755,75 @@ def _moved_leaves(
     return paired
 
 
+def _reshaping_leaves(
+    found: dict[int, tuple[int, MatchKind]],
+    a_calls: Sequence[CallNode],
+    b_calls: Sequence[CallNode],
+    reserved: tuple[set[int], set[int]],
+    tolerance: Tolerance,
+) -> set[int]:
+    """Pair leaves that return another shape than their counterpart (a convolution given another padding): no other
+    pass pairs calls whose outputs differ in shape, and the calls after it then differ in shape too, so the departure
+    would be blamed far downstream. Inside the innermost pair of matched containers that holds it, an unmatched leaf
+    of A pairs with an unmatched leaf of B of the same module type given the same input (its shape and statistics)
+    whose output has another shape, when each is the only such leaf there. Returns the positions in A paired.
+    ``a_calls`` and ``b_calls`` are in pre-order (``walk``)."""
+    end_a, end_b = _subtree_ends(a_calls), _subtree_ends(b_calls)
+    matched_b = {j for j, _ in found.values()}
+    score = _Scorer(tolerance)
+
+    def loose(calls: Sequence[CallNode], taken: Iterable[int], skip: set[int]) -> list[tuple[int, _Signature]]:
+        taken = set(taken) | skip
+        return [
+            (k, _Signature(node))
+            for k, node in enumerate(calls)
+            if node.kind == "module" and node.leaf and node.type_name and k not in taken and node.outputs is not None
+            if not _passes_through(node)
+        ]
+
+    loose_a, loose_b = loose(a_calls, found, reserved[0]), loose(b_calls, matched_b, reserved[1])
+    paired: set[int] = set()
+    if not loose_a or not loose_b:
+        return paired
+
+    def alike(x: _Signature, y: _Signature) -> bool:
+        shapes_x = shape_key(x.first_out.shape) if x.first_out is not None else None
+        shapes_y = shape_key(y.first_out.shape) if y.first_out is not None else None
+        return (
+            x.node.type_name == y.node.type_name
+            and x.key == y.key
+            and shapes_x != shapes_y
+            and score.close(x.in_probe, y.in_probe)
+        )
+
+    opened: list[int] = []  # A's containers open at each position of the pre-order walk
+    candidates = dict(loose_a)
+    for i, node in enumerate(a_calls):
+        while opened and end_a[opened[-1]] < i:
+            opened.pop()
+        if not node.leaf:
+            opened.append(i)
+            continue
+        mine = candidates.get(i)
+        if mine is None:
+            continue
+        for scope in reversed(opened):  # the innermost pair of matched containers
+            if scope not in found or b_calls[found[scope][0]].leaf:
+                continue
+            lo_b = found[scope][0]
+            theirs = [(k, y) for k, y in loose_b if lo_b < k <= end_b[lo_b] and k not in matched_b and alike(mine, y)]
+            if len(theirs) == 1:
+                rivals = [
+                    k for k, x in loose_a if scope < k <= end_a[scope] and k not in found and alike(x, theirs[0][1])
+                ]
+                if rivals == [i]:
+                    found[i] = (theirs[0][0], "structure")
+                    matched_b.add(theirs[0][0])
+                    paired.add(i)
+            break
+    return paired
+
+
 def _subtree_ends(calls: Sequence[CallNode]) -> list[int]:
     """For each call of a pre-order walk, the position of the last call inside it (itself for a leaf)."""
     ends = list(range(len(calls)))
@@ -777,7 +869,7 @@ def align_calls(
         _evidence_pass(found, a_calls, b_calls, positions, tolerance, orders)
         # again, now that the outer containers are paired: the ones inside them pair by what they are made of
         pairs = [(a_calls[i], b_calls[j]) for i, (j, _) in found.items()]
-        same_place = _SamePlace(a_root, b_root, pairs)
+        same_place = _SamePlace(a_root, b_root, pairs, _Scorer(tolerance).close)
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=True, same_place=same_place)
         _evidence_pass(found, a_calls, b_calls, positions, tolerance, orders)
     # fused projections before the leaves are aligned by structure: a wqkv's parts would otherwise pair with
@@ -809,6 +901,8 @@ def align_calls(
     if mode != "path":
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=False, reserved=reserved)
     moved = _moved_leaves(found, a_calls, b_calls, reserved) if mode != "path" else set()
+    if mode != "path":
+        moved |= _reshaping_leaves(found, a_calls, b_calls, reserved, tolerance)
     if _drop_crossed_boundaries(found, a_calls, b_calls, fused, moved) and mode != "path":
         # the unpaired containers no longer cut the gaps: what they kept apart may pair now (then check again)
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=False, reserved=reserved)

@@ -190,6 +190,9 @@ class TensorDiff:
     stat_deltas: tuple[float, float, float, float] | None = None
     reason: str = ""
     equivalence: str = ""
+    layout: str = ""
+    """The re-ordering of the last dimension allowed for ("" none): one of :func:`_last_dim_permutations`'
+    descriptions, or :data:`PERMUTED`."""
 
     @property
     def numel(self) -> int:
@@ -507,6 +510,10 @@ def _last_dim_permutations(shape: tuple[int, ...]) -> list[tuple[str, Any]]:
     return candidates
 
 
+PERMUTED = "permutation of the last dim"
+"""The layout of a re-ordering found by matching columns (:func:`_general_permutation`)."""
+
+
 def _first(like: Any, count: int) -> Any:
     """The indices 0..count-1 as an integer tensor made from ``like``."""
     return like.new_zeros(0).long().new_tensor(range(count))
@@ -539,11 +546,12 @@ def _fixed_direction(rows: int, like: Any) -> Any:
     return ((index * 0.6180339887498949) % 1.0) + 0.5
 
 
-def _from_values(ta: Any, tb: Any, base: dict[str, Any], normwise: bool) -> TensorDiff:
+def _from_values(ta: Any, tb: Any, base: dict[str, Any], normwise: bool, layout: str | None = None) -> TensorDiff:
     """Differences of two tensors whose values lie in the same order (equal shapes up to size-1 dimensions), in
     float64, using tensor methods only. When they differ only by a re-ordering of the last dimension (a rotary
     layout, a permuted projection), they are equal up to it, and ``equivalence`` says so. ``normwise``: ``atol`` is
-    at least ``rtol`` times the largest magnitude of ``a`` (see the module docstring)."""
+    at least ``rtol`` times the largest magnitude of ``a`` (see the module docstring). ``layout``: the only
+    re-ordering allowed for ("" none; None any)."""
     rtol, atol = base["rtol"], base["atol"]
     epsilon = _epsilon(base["dtype_a"], base["dtype_b"])
     equivalence = base.pop("equivalence", "")
@@ -565,18 +573,22 @@ def _from_values(ta: Any, tb: Any, base: dict[str, Any], normwise: bool) -> Tens
         shaped_a = ta.detach().double()
         head_rows = _first_rows(shaped_a), _first_rows(shaped_b)
         for description, reorder in _last_dim_permutations(tuple(ta.shape)):
+            if layout is not None and description != layout:
+                continue
             if not _within(head_rows[0], reorder(head_rows[1]), rtol, atol):
                 continue  # cheap refusal on the first rows before the whole tensor
             trial = _elementwise(shaped_a.reshape(-1), reorder(shaped_b).reshape(-1), rtol, atol, epsilon)
             if trial.outside == 0 and trial.shift <= 1.0:
                 found, equivalence = trial, _join(equivalence, f"equal up to a {description}")
+                base["layout"] = description
                 break
         else:
-            permutation = _general_permutation(shaped_a, shaped_b, rtol, atol)
+            permutation = _general_permutation(shaped_a, shaped_b, rtol, atol) if layout in (None, PERMUTED) else None
             if permutation is not None:
                 trial = _elementwise(a, shaped_b[..., permutation].reshape(-1), rtol, atol, epsilon)
                 if trial.outside == 0 and trial.shift <= 1.0:
-                    found, equivalence = trial, _join(equivalence, "equal up to a permutation of the last dim")
+                    found, equivalence = trial, _join(equivalence, f"equal up to a {PERMUTED}")
+                    base["layout"] = PERMUTED
     if found.outside:
         status: Status = "diverged"
         reason = f"{found.outside} of {a.numel()} elements outside tolerance, max |Δ| {found.max_abs:.3g}"
@@ -622,10 +634,12 @@ def measure(
     values: tuple[Any, Any] | None = None,
     *,
     any_dims_order: bool = True,
+    layout: str | None = None,
 ) -> TensorDiff:
     """Compare two tensor records; ``values`` holds both full tensors when they are available. Without
     ``any_dims_order`` (the model's own output, which its caller reads as it is laid out), the same dims in another
-    order are another shape."""
+    order are another shape. ``layout``: the only re-ordering of the last dimension allowed for ("" none; None any
+    that makes the values equal)."""
     rtol, atol = tolerance.for_dtypes(a.dtype, b.dtype)
     base: dict[str, Any] = {
         "name_a": name_a,
@@ -659,7 +673,7 @@ def measure(
             tb = tb.reshape(squeezed(b.shape)).permute(order).contiguous()
         elif split:  # the same elements in the same order: B's laid out in A's shape
             tb = tb.reshape(ta.shape)
-        return _from_values(ta, tb, base, normwise=tolerance.atol is None)
+        return _from_values(ta, tb, base, normwise=tolerance.atol is None, layout=layout)
     if a.stats is not None and b.stats is not None:
         return _from_stats(a, b, base)
     if a.stats is None and b.stats is None and order is None:

@@ -10,6 +10,7 @@ is reported. Full values are loaded (through the :class:`ValueFiles` the caller 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,17 @@ from graphtrace.compare.measure import Status, TensorDiff, Tolerance, measure, s
 from graphtrace.errors import TraceFormatError
 from graphtrace.model import CallNode, TensorRecord, Trace
 
-__all__ = ["CallDiff", "OpenValues", "StoredValues", "ValueFiles", "diff_call", "diff_fused"]
+__all__ = [
+    "CallDiff",
+    "Given",
+    "OpenValues",
+    "StoredValues",
+    "ValueFiles",
+    "diff_call",
+    "diff_fused",
+    "given",
+    "taught_layouts",
+]
 
 Named = tuple[str, TensorRecord]
 
@@ -190,11 +201,17 @@ def _measure_pairs(
     stored: StoredValues,
     *,
     any_dims_order: bool = True,
+    layouts: Sequence[str] | None = None,
 ) -> tuple[TensorDiff, ...]:
     diffs = []
-    for (name_a, a), (name_b, b) in pairs:
+    for k, ((name_a, a), (name_b, b)) in enumerate(pairs):
         values = stored.both(a, b) if shape_key(a.shape) == shape_key(b.shape) else None
-        diffs.append(measure(prefix + name_a, a, prefix + name_b, b, tolerance, values, any_dims_order=any_dims_order))
+        layout = layouts[k] if layouts is not None and k < len(layouts) else None
+        diffs.append(
+            measure(
+                prefix + name_a, a, prefix + name_b, b, tolerance, values, any_dims_order=any_dims_order, layout=layout
+            )
+        )
     return tuple(diffs)
 
 
@@ -213,11 +230,61 @@ def _called_from_inside(node: CallNode) -> bool:
     return "." in node.path or node.kind == "op"
 
 
-def diff_call(step: int, match: Match, tolerance: Tolerance, stored: StoredValues) -> CallDiff:
-    """Compare the inputs and outputs of one matched pair; ``stored`` reads the traces' full values."""
+Given = frozenset[tuple[object, ...]]
+"""What the calls of a step are given: each input tensor by element count, dtype and statistics (:func:`given`)."""
+
+
+def _given_key(record: TensorRecord) -> tuple[object, ...]:
+    return (math.prod(record.shape), record.dtype, repr(record.stats))  # repr: NaN statistics compare alike
+
+
+def given(root: CallNode) -> Given:
+    """Every tensor some call of ``root``'s step (``root`` included, ops too) is given, viewed in any shape."""
+    return frozenset(
+        _given_key(record) for node in root.walk() for _, record in node.input_tensors() if record.stats is not None
+    )
+
+
+def _side_outputs(
+    out_pairs: list[tuple[Named, Named]], a: CallNode, b: CallNode, reads: tuple[Given, Given] | None
+) -> list[tuple[Named, Named]]:
+    """The pairs of outputs beyond each call's first that no call of either trace is given (by statistics): a side
+    product (transformers' attention returns its weights, openai-whisper's its pre-softmax scores, and their
+    callers drop them) that nothing downstream computes from. Another quantity on each side is no departure."""
+    if reads is None or not _called_from_inside(a):
+        return []
+    first_a = next((name for name, _ in a.output_tensors()), None)
+    first_b = next((name for name, _ in b.output_tensors()), None)
+
+    def unread(name: str, record: TensorRecord, first: str | None, seen: Given) -> bool:
+        return name != first and record.stats is not None and _given_key(record) not in seen
+
+    return [
+        ((name_a, ra), (name_b, rb))
+        for (name_a, ra), (name_b, rb) in out_pairs
+        if unread(name_a, ra, first_a, reads[0]) and unread(name_b, rb, first_b, reads[1])
+    ]
+
+
+def diff_call(
+    step: int,
+    match: Match,
+    tolerance: Tolerance,
+    stored: StoredValues,
+    reads: tuple[Given, Given] | None = None,
+    layouts: Sequence[str] | None = None,
+) -> CallDiff:
+    """Compare the inputs and outputs of one matched pair; ``stored`` reads the traces' full values. ``reads`` (what
+    the calls of each step are given, :func:`given`) sets aside outputs beyond the first that no call reads.
+    ``layouts``: the only re-ordering of the last dimension allowed for in each output ("" none), else any."""
     a, b = match.a, match.b
     in_pairs, in_a, in_b = _pair(a.input_tensors(), b.input_tensors(), any_shape=False)
     out_pairs, out_a, out_b = _pair(a.output_tensors(), b.output_tensors(), any_shape=True)
+    side = _side_outputs(out_pairs, a, b, reads)
+    if side:
+        out_pairs = [pair for pair in out_pairs if pair not in side]
+        out_a = [*out_a, *(f"{name} (read by no call)" for (name, _), _ in side)]
+        out_b = [*out_b, *(f"{name} (read by no call)" for _, (name, _) in side)]
     return CallDiff(
         step=step,
         a=a,
@@ -225,7 +292,9 @@ def diff_call(step: int, match: Match, tolerance: Tolerance, stored: StoredValue
         how=match.how,
         inputs=_measure_pairs("inputs", in_pairs, tolerance, stored),
         # the model's own output is read as it is laid out: a transposed result is another shape
-        outputs=_measure_pairs("outputs", out_pairs, tolerance, stored, any_dims_order=_called_from_inside(a)),
+        outputs=_measure_pairs(
+            "outputs", out_pairs, tolerance, stored, any_dims_order=_called_from_inside(a), layouts=layouts
+        ),
         only_in_a=tuple([f"inputs{n}" for n in in_a] + [f"outputs{n}" for n in out_a]),
         only_in_b=tuple([f"inputs{n}" for n in in_b] + [f"outputs{n}" for n in out_b]),
         error=_error(a, b),
@@ -267,6 +336,40 @@ def diff_fused(
     for fused, pair, layout in zip(found, values, layouts, strict=True):
         diffs += _diff_fused(step, fused, tolerance, stored, pair, layout)
     return diffs
+
+
+def taught_layouts(
+    calls: Sequence[CallDiff],
+    caller: Callable[[CallNode], CallDiff | None],
+    tolerance: Tolerance,
+    stored: StoredValues,
+    reads: tuple[Given, Given] | None = None,
+) -> list[CallDiff]:
+    """``calls``, those whose outputs are equal only up to a re-ordering of their last dimension that the same call
+    in other blocks does not show compared again under the one they show.
+
+    Values alone accept any re-ordering of the last dimension as a port's layout: a projection whose output halves
+    were swapped on load (Mamba's x and z) is then equal up to a permutation, and its caller is blamed. The same
+    call in every block is the same code and lays its output out alike: where the calls whose callers agree (by
+    their paths with block numbers left out) agree under one layout, a call whose caller departs is held to it."""
+    shown: dict[tuple[str, str], set[tuple[str, ...]]] = {}
+    for call in calls:
+        if call.how != "fused" and call.status == "equal" and _caller_agrees(caller(call.a)):
+            shown.setdefault(_code(call), set()).add(tuple(d.layout for d in call.outputs))
+    taught = []
+    for call in calls:
+        layouts = tuple(d.layout for d in call.outputs)
+        lessons = shown.get(_code(call), set())
+        if any(layouts) and len(lessons) == 1 and layouts not in lessons and not _caller_agrees(caller(call.a)):
+            (usual,) = lessons
+            call = diff_call(call.step, Match(call.a, call.b, call.how), tolerance, stored, reads, layouts=usual)
+        taught.append(call)
+    return taught
+
+
+def _code(call: CallDiff) -> tuple[str, str]:
+    """What a pair of calls shares with the same pair in another block: their paths without block numbers."""
+    return without_block_number(call.a.path), without_block_number(call.b.path)
 
 
 def _caller_agrees(call: CallDiff | None) -> bool:

@@ -96,6 +96,7 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
             before = _short_name(here)
             changed = next((d for d in here.inputs if d.status == "diverged"), None)
             detail = f"{changed.name_b}: {changed.reason}" if changed is not None else here.reason
+            detail = (_given_another_shape(here) or detail) if changed is None else detail
             holder = b_tree.holder(outer, here)
             if holder is not None:  # a module of B without counterpart in A holds the departure: name it
                 culprit = dataclasses.replace(outer, b=holder, inputs=(), outputs=(), only_in_a=(), only_in_b=())
@@ -154,15 +155,34 @@ def _inputs_depart(call: CallDiff, fed_well: Callable[[CallDiff], bool] = lambda
     quantities, not a departure, if its output agrees or if every call that produced B's inputs agrees
     (``fed_well``): the call is then judged by its output. So are integer inputs that differ under an equal output
     (transformers gives OPT's position embedding the attention mask, a port the positions). Otherwise differing
-    inputs are a departure, which a call's output may hide within tolerance (a projection)."""
+    inputs are a departure, which a call's output may hide within tolerance (a projection). So is a tensor of
+    another shape given at the same place, when the output's shape differs too (see :func:`_given_another_shape`)."""
     if call.inputs_agree:
-        return False
+        return _given_another_shape(call) is not None
     if any(name.startswith("inputs") for name in (*call.only_in_a, *call.only_in_b)):
         if call.status == "equal" or fed_well(call):
             return False  # given other arguments too (a norm that adds the residual it is given)
     if call.status != "equal":
         return True
     return any(d.status == "diverged" and _floating(d.dtype_a) and _floating(d.dtype_b) for d in call.inputs)
+
+
+def _given_another_shape(call: CallDiff) -> str | None:
+    """The input ``call`` was given at the same place as its counterpart but of another shape, when its output has
+    another shape too (a cross-attention's key projection given the decoder's state where the original's is given
+    the encoder's output): the call computed from another quantity, so the departure lies where it was handed
+    that, not in the call. Inputs of other shapes under outputs of the same shape are extra arguments (a position
+    bias where the original passes a mask), and an output of another shape from inputs that agree is the call's own
+    (a convolution's padding)."""
+    if not any(d.status == "diverged" and d.basis == "none" and d.shape_a != d.shape_b for d in call.outputs):
+        return None
+    apart = [name for name in call.only_in_a if name.startswith("inputs") and name in call.only_in_b]
+    if not apart:
+        return None
+    shapes = {side: dict(node.input_tensors()) for side, node in (("a", call.a), ("b", call.b))}
+    name = apart[0].removeprefix("inputs")
+    shape_a, shape_b = shapes["a"][name].shape, shapes["b"][name].shape
+    return f"{apart[0]}: given shape {list(shape_a)} vs {list(shape_b)}"
 
 
 def _fed_by_agreeing_calls(calls: Sequence[CallDiff]) -> Callable[[CallDiff], bool]:

@@ -42,6 +42,10 @@ class PatchLedger:
 
         self._patches.append(undo)
 
+    def on_restore(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the patches are undone, in its place in the reverse order."""
+        self._patches.append(callback)
+
     def restore(self) -> None:
         """Undo every patch, newest first; safe to call twice."""
         while self._patches:

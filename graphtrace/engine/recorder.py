@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import torch
 
 from graphtrace.engine.caches import StepCache, find_cache
+from graphtrace.engine.collector import CollectorPause
 from graphtrace.engine.layer_pruning import LayerBlockDeferral
 from graphtrace.engine.stats import NO_STATS, TensorSummary, row_sketch, summarize
 from graphtrace.errors import describe_error
@@ -176,6 +177,12 @@ class Recorder:
         self._counts: dict[str, int] = {}
         self._seen: dict[int, _Seen] = {}
         self._aliases: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
+        self.collector = CollectorPause()  # held during each step (see collector.py); callers may hold it longer
+
+    def close(self) -> None:
+        """The capture is over: garbage collection resumes, also when a step never ended (a call that did not
+        return)."""
+        self.collector.release_all()
 
     # -- events -----------------------------------------------------------------------------------------------------
 
@@ -199,6 +206,7 @@ class Recorder:
             if not (root or self.detached_steps):
                 return None
             root = True  # the first call of a step is its root, also a detached submodule call
+            self.collector.hold()
             self._counts = {}
             self._seen = {}
             self._aliases = {}
@@ -295,6 +303,7 @@ class Recorder:
         self._step_count += 1
         self._seen = {}
         self._aliases = {}
+        self.collector.release()
         if self.on_step is not None:
             self.on_step(node)
 

@@ -13,6 +13,7 @@ and formats them when the first of their lines is needed (at the latest when the
 from __future__ import annotations
 
 import ctypes
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, overload
 
@@ -143,17 +144,20 @@ class ReprBatch:
     """Printed values waiting to be formatted together: :meth:`add` hands out their lines-to-be."""
 
     def __init__(self) -> None:
-        self._waiting: list[PendingLines] = []
+        # Held weakly: the lines hold their batch, and a trace dropped unread frees its snapshots at once (a strong
+        # reference back would leave them to the garbage collector).
+        self._waiting: list[weakref.ref[PendingLines]] = []
 
     def add(self, printed: PrintedValues) -> PendingLines:
         pending = PendingLines(self, printed)
-        self._waiting.append(pending)
+        self._waiting.append(weakref.ref(pending))
         return pending
 
     def format(self) -> None:
         """Format every value waiting (the snapshots are released). Whatever is not filled when formatting fails or
         is interrupted stays waiting, and a value added meanwhile waits for the next call."""
-        waiting, self._waiting = self._waiting, []
+        refs, self._waiting = self._waiting, []
+        waiting = [pending for pending in (ref() for ref in refs) if pending is not None]
         filled = 0
         try:
             if waiting:
@@ -163,14 +167,14 @@ class ReprBatch:
                     filled += 1
         finally:
             if filled < len(waiting):
-                self._waiting = waiting[filled:] + self._waiting
+                self._waiting = [weakref.ref(pending) for pending in waiting[filled:]] + self._waiting
 
 
 class PendingLines(Sequence[str]):
     """A tensor's repr lines, formatted with the rest of its batch when first read; equal to (and hashed as) the
     tuple of them, and pickled as that tuple."""
 
-    __slots__ = ("_batch", "_lines", "_printed")
+    __slots__ = ("__weakref__", "_batch", "_lines", "_printed")
 
     def __init__(self, batch: ReprBatch, printed: PrintedValues) -> None:
         self._batch: ReprBatch | None = batch

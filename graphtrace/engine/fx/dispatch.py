@@ -19,6 +19,7 @@ of eager capture whatever fx does; fx adds verified structure and never replaces
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -58,6 +59,14 @@ class FxEngine:
         self._replays: list[Lockstep | None] = []
         self._tracing = 0
         self._context = TraceContext(self._store.fake_mode, self.plan_for)
+
+    def release(self) -> None:
+        """Capture is over: the trace context no longer plans through this engine, and the model's forwards are let
+        go. Without these references back, the engine and its recorder are freed with their last user, not left to
+        the garbage collector (which is slow to come, and meanwhile keeps every record alive)."""
+        self._context = dataclasses.replace(self._context, plan_for=_capture_ended)
+        self._forwards.clear()
+        self._replays.clear()
 
     def wrap(
         self, module: nn.Module, path: str, forward: Callable[..., Any], *, root: bool, no_grad: bool
@@ -183,6 +192,10 @@ class FxEngine:
         self.fallbacks.setdefault(path, replay.failure)
 
 
+def _capture_ended(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    return "the capture had ended"
+
+
 def attach_fx(model: nn.Module, recorder: Recorder, ledger: PatchLedger, *, root_no_grad: bool) -> FxEngine:
     """Install the fx engine's forwards on ``model`` and every submodule; returns the engine (its ``fallbacks``
     fill as the model runs)."""
@@ -191,6 +204,7 @@ def attach_fx(model: nn.Module, recorder: Recorder, ledger: PatchLedger, *, root
     keys = module_keys(model, store.canonical_keys)  # before any forward is patched
     store.keep_only({key for key in keys.values() if key is not None})
     engine = FxEngine(recorder, store, keys)
+    ledger.on_restore(engine.release)
     for path, module in paths:
         is_root = module is model
         wrapper = engine.wrap(module, path, module.forward, root=is_root, no_grad=root_no_grad if is_root else True)

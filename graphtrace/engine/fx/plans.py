@@ -165,26 +165,30 @@ def module_keys(model: nn.Module, canonical: dict[Hashable, Hashable] | None = N
     With ``canonical`` (a store's :attr:`PlanStore.canonical_keys`), equal keys are one object, this capture's and
     earlier ones': a plan lookup under a key then ends at its identity instead of comparing nested tuples."""
     keys: dict[int, Hashable | None] = {}
-
-    def key_of(module: nn.Module) -> Hashable | None:
-        if id(module) in keys:
-            return keys[id(module)]
-        keys[id(module)] = None  # a module that contains itself
-        try:
-            own = _own_key(module)
-        except _Unkeyable:
-            own = None
-        children = tuple([(name, key_of(child)) for name, child in module._modules.items() if child is not None])
-        key: Hashable | None = None
-        if own is not None and not any([child is None for _, child in children]):
-            key = _Key((own, children))
-        if key is not None and canonical is not None:
-            key = canonical.setdefault(key, key)  # children first: a parent's parts hold its children's canonical keys
-        keys[id(module)] = key
-        return key
-
-    key_of(model)
+    _key_of(model, keys, canonical)  # a module-level recursion: a nested one would be a cycle left to the collector
     return keys
+
+
+def _key_of(
+    module: nn.Module, keys: dict[int, Hashable | None], canonical: dict[Hashable, Hashable] | None
+) -> Hashable | None:
+    if id(module) in keys:
+        return keys[id(module)]
+    keys[id(module)] = None  # a module that contains itself
+    try:
+        own = _own_key(module)
+    except _Unkeyable:
+        own = None
+    children = tuple(
+        [(name, _key_of(child, keys, canonical)) for name, child in module._modules.items() if child is not None]
+    )
+    key: Hashable | None = None
+    if own is not None and not any([child is None for _, child in children]):
+        key = _Key((own, children))
+    if key is not None and canonical is not None:
+        key = canonical.setdefault(key, key)  # children first: a parent's parts hold its children's canonical keys
+    keys[id(module)] = key
+    return key
 
 
 class PlanStore:
