@@ -25,6 +25,8 @@ import torch  # noqa: E402
 import graphtrace  # noqa: E402
 from tests import (  # noqa: E402
     independent_bert,
+    independent_clip_port,
+    independent_convnext_port,
     independent_einsum_port,
     independent_gpt2,
     independent_lean_llama,
@@ -80,6 +82,10 @@ def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fus
         return independent_mamba.port_of(originals["mamba"], bug)
     if arch == "whisper":
         return independent_whisper_port.port_of(originals["whisper"], bug)
+    if arch == "clip":
+        return independent_clip_port.port_of(originals["clip"], bug)
+    if arch == "convnext":
+        return independent_convnext_port.port_of(originals["convnext"], bug)
     if arch == "einsum":
         return independent_einsum_port.port_of(originals["einsum"], bug)
     return independent_gpt2.port_of(originals["gpt2"], bug=bug)
@@ -100,6 +106,8 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "moe": independent_moe.hf_mixtral(),
         "mamba": independent_mamba.hf_mamba(),
         "whisper": independent_whisper_port.hf_whisper(),
+        "clip": independent_clip_port.hf_clip(),
+        "convnext": independent_convnext_port.hf_convnext(),
         "einsum": independent_einsum_port.hf_gemma(),  # a Flax-style Gemma: einsum projections, stacked kv
     }
     rules = {
@@ -117,6 +125,8 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "llama-lean": independent_lean_llama.RULES,
         "mamba": independent_mamba.RULES,
         "whisper": independent_whisper_port.RULES,
+        "clip": independent_clip_port.RULES,
+        "convnext": independent_convnext_port.RULES,
         "einsum": independent_einsum_port.RULES,
     }
     token_ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
@@ -141,6 +151,10 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     inputs["mamba"] = ({"input_ids": mamba_ids}, (mamba_ids,))
     mel, tokens = independent_whisper_port.inputs()
     inputs["whisper"] = (independent_whisper_port.hf_inputs(mel, tokens), (mel, tokens))
+    pixels_clip, ids_clip = independent_clip_port.inputs()
+    inputs["clip"] = (independent_clip_port.hf_inputs(pixels_clip, ids_clip), (pixels_clip, ids_clip))
+    convnext_pixels = independent_convnext_port.pixels()  # square images: H == W
+    inputs["convnext"] = ({"pixel_values": convnext_pixels}, (convnext_pixels,))
     einsum_ids = independent_einsum_port.token_ids()
     inputs["einsum"] = ({"input_ids": einsum_ids}, (einsum_ids,))
     faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False), ("moe", False))
@@ -154,6 +168,9 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     cases += independent_seq_first.CASES + independent_vllm.CASES
     cases += [("mamba", None, False, None), *independent_mamba.CASES]
     cases += [("whisper", None, False, None), *independent_whisper_port.CASES]  # an openai-whisper style port
+    cases += [("clip", None, False, None), *independent_clip_port.CASES]  # an open_clip style port
+    cases += [("convnext", variant, False, None) for variant in (None, *independent_convnext_port.VARIANTS)]
+    cases += independent_convnext_port.CASES  # a timm style ConvNeXt
     cases += [
         ("einsum", None, False, None),
         *[("einsum", variant, False, None) for variant in independent_einsum_port.VARIANTS],
@@ -194,6 +211,8 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
                         **independent_t5.STATS_EXPECTED,
                         **independent_mamba.STATS_EXPECTED,
                         **independent_whisper_port.STATS_EXPECTED,
+                        **independent_clip_port.STATS_EXPECTED,
+                        **independent_convnext_port.STATS_EXPECTED,
                         **independent_einsum_port.STATS_EXPECTED,
                     }
                     want = stats_expected.get((arch, bug or ""), want)

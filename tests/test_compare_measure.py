@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from graphtrace.compare.measure import Tolerance, measure, stats_close
+from graphtrace.compare.measure import MAX_DIMS_ORDERS, Tolerance, dims_orders, measure, stats_close
 from graphtrace.model import Stats, TensorRecord
 
 
@@ -76,9 +76,12 @@ def test_shapes_and_missing_statistics() -> None:
     a, b = _record(None, shape=(2, 3)), _record(None, shape=(3, 3))
     shape = measure("outputs", a, "outputs_0", b, Tolerance())
     assert shape.status == "diverged" and shape.reason == "shape [2, 3] vs [3, 3]" and shape.basis == "none"
-    a, b = _record(None, shape=(2, 2, 3)), _record(None, shape=(2, 3, 2))  # which 2 is which cannot be told
+    a, b = _record(None, shape=(2, 2, 3)), _record(None, shape=(2, 3, 2))  # which 2 is which: told by values only
     shape = measure("outputs", a, "outputs_0", b, Tolerance())
-    assert shape.status == "diverged" and shape.reason == "shape [2, 2, 3] vs [2, 3, 2]"
+    assert shape.status == "unchecked" and "the same dims in another order" in shape.equivalence
+    a, b = _record(None, shape=(2, 2, 3)), _record(None, shape=(3, 2, 3))
+    shape = measure("outputs", a, "outputs_0", b, Tolerance())
+    assert shape.status == "diverged" and shape.reason == "shape [2, 2, 3] vs [3, 2, 3]"
     ints = measure(
         "inputs_args_0",
         _record(None, dtype="torch.int64"),
@@ -164,3 +167,12 @@ def test_the_same_dims_in_another_order_compare_as_one_layout() -> None:
 
 def _stats(x: torch.Tensor) -> Stats:
     return Stats(x.mean().item(), x.std().item(), x.min().item(), x.max().item())
+
+
+def test_the_orders_of_dims_of_one_size_are_generated_lazily_and_capped() -> None:
+    """Twelve dims of one size allow 479,001,600 orders: a hostile shape must not hang the diff."""
+    orders = dims_orders((2,) * 12 + (3,), (3,) + (2,) * 12)
+    assert len(orders) == MAX_DIMS_ORDERS
+    assert orders[0] == (*range(1, 13), 0)  # dims of one size first keep their order
+    assert dims_orders((2, 3, 3, 4), (2, 4, 3, 3)) == [(0, 2, 3, 1), (0, 3, 2, 1)]
+    assert dims_orders((5, 3, 4), (4, 5, 3)) == [(1, 2, 0)] and dims_orders((2, 3), (2, 3)) == []

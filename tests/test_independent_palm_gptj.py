@@ -71,18 +71,19 @@ class ParallelTransformerBlock(nn.Module):
 
 
 class Residual(nn.Module):
-    def __init__(self, fn: nn.Module) -> None:
+    def __init__(self, fn: nn.Module, bug: str | None = None) -> None:
         super().__init__()
         self.fn = fn
+        self.scale = 0.5 if bug == "half_residual" else 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x) + x
+        return self.fn(x) + self.scale * x
 
 
 def palm(layers: int, vocab: int, bug: str | None) -> nn.Sequential:
     return nn.Sequential(
         nn.Embedding(vocab, DIM),
-        *[Residual(ParallelTransformerBlock(bug if i == 1 else None)) for i in range(layers)],
+        *[Residual(ParallelTransformerBlock(bug if i == 1 else None), bug if i == 1 else None) for i in range(layers)],
         nn.LayerNorm(DIM),
         nn.Linear(DIM, vocab),
     )
@@ -129,6 +130,7 @@ BUGS = {
     # a wrong rotary base: the rotary module has no counterpart in GPT-J (whose attention gathers its own table), so
     # the block whose code applies it is the nearest the diff can name
     "theta": "2.fn",
+    "half_residual": "2",  # the wrapper's own code scales the residual
 }
 
 
@@ -184,3 +186,17 @@ def test_each_bug_is_named_where_it_lives(
     first = result.first_divergence
     assert first is not None, result.table()
     assert first.b.path.partition(".")[2] == expected, result.table()
+
+
+@pytest.mark.parametrize("values", ["safetensors", "repr"])
+def test_a_module_without_counterpart_is_named_as_a_suspect(
+    traces: dict[tuple[str | None, str], tuple[Path, Path]], values: str
+) -> None:
+    """The rotary module has no counterpart in GPT-J: the block is blamed, and the report says that the module it
+    called before the departure was compared with nothing (the dropout-free passes-through are left out)."""
+    result = graphtrace.compare(*traces[("theta", values)])
+    found = result.divergence
+    assert found is not None and found.inside
+    assert [node.path.partition(".")[2] for node in found.unchecked] == ["2.fn.rotary_emb"]
+    assert "not compared): 2.fn.rotary_emb" in result.table()
+    assert result.to_json()["first_divergence"]["unchecked"] == ["Sequential.2.fn.rotary_emb@0"]

@@ -9,7 +9,8 @@ Three ways, tried in this order (``mode="auto"``):
    the same kind, both leaves or both containers, and take and return tensors of the same shapes (module types
    may differ: ``Conv1D`` and ``nn.Linear``). The order-preserving pairing of the highest score wins; a pair
    scores more when its module types are the same and when its statistics agree. Ties go to the earliest call,
-   so that a module followed by a no-op (a dropout in eval mode) pairs with the module.
+   so that a module followed by a no-op (a dropout in eval mode) pairs with the module; a call that returns what it
+   was given pairs only with one that does too.
 
 ``mode="path"`` stops after rules; ``mode="structure"`` aligns everything but the two roots by structure.
 """
@@ -28,7 +29,16 @@ from graphtrace.compare.measure import ShapeKey, StatPoint, Tolerance, shape_key
 from graphtrace.compare.rules import RenameRule, apply_rules
 from graphtrace.model import CallNode, TensorRecord, numbered
 
-__all__ = ["AlignMode", "Alignment", "Match", "MatchKind", "align_calls", "relative_path", "returned_order"]
+__all__ = [
+    "AlignMode",
+    "Alignment",
+    "Match",
+    "MatchKind",
+    "align_calls",
+    "passes_through",
+    "relative_path",
+    "returned_order",
+]
 
 AlignMode = Literal["auto", "path", "structure"]
 MatchKind = Literal["path", "rule", "structure", "fused"]
@@ -106,7 +116,9 @@ def _by_path(
         j = b_index.get((renamed, node.index))
         if j is None or j in taken:
             continue
-        if renamed == path and not _same_interface(node, b_calls[j]):
+        parent, _, own = path.rpartition(".")
+        carried = node.leaf and bool(parent) and renamed == f"{apply_rules(rules, parent, set())}.{own}"
+        if (renamed == path or carried) and not _same_interface(node, b_calls[j]):
             continue  # the same name for another computation (transformers' SiLU act_fn, a port's SiluAndMul)
         found[i] = (j, "path" if renamed == path else "rule")
         taken.add(j)
@@ -122,15 +134,26 @@ def _same_interface(a: CallNode, b: CallNode) -> bool:
       still pairs with transformers', given the hidden states and the positions);
     - a container that returns another number of tensors of its first output's shape (a vLLM layer returns its
       output and the residual apart, transformers' their sum; attention weights beside an attention's output have
-      another shape and do not count).
+      another shape and do not count);
+    - a leaf of another type that returns tensors of other shapes (up to size-1 dims and dim order): a norm and a
+      convolution both named ``downsample.0`` once a port's list lacks the norm.
 
-    A container's name is its role otherwise (an encoder given ids or their embeddings)."""
+    A rule is the user's word for the names it rewrites, not for a name it carries over unchanged (a list's index
+    under a renamed list): a leaf whose own name is carried over pairs by name alone. A container's name is its role
+    otherwise (an encoder given ids or their embeddings)."""
     if a.leaf and b.leaf:
         given_a = {shape_key(record.shape) for _, record in a.input_tensors()}
         given_b = {shape_key(record.shape) for _, record in b.input_tensors()}
-        return not given_a or not given_b or bool(given_a & given_b)
+        if given_a and given_b and not given_a & given_b:
+            return False
+        returned = ({shape_key(record.shape) for _, record in node.output_tensors()} for node in (a, b))
+        return a.type_name == b.type_name or _overlap(*returned)
     counts = _outputs_like_first(a), _outputs_like_first(b)
     return 0 in counts or counts[0] == counts[1]  # no outputs (transformers' format, a call that raised): its role
+
+
+def _overlap(x: set[ShapeKey], y: set[ShapeKey]) -> bool:
+    return not x or not y or bool(x & y)
 
 
 def _outputs_like_first(node: CallNode) -> int:
@@ -156,6 +179,7 @@ class _Signature:
         "child_types",
         "size",
         "number",
+        "passes",
     )
 
     def __init__(self, node: CallNode) -> None:
@@ -173,6 +197,7 @@ class _Signature:
         self.number = numbered(node.path)
         self.in_probe = StatPoint.of(inputs[0]) if inputs else None
         self.size = sum(1 for _ in node.walk()) if not node.leaf else 1
+        self.passes = passes_through(node)
         if node.outputs is None:  # a container in transformers' format, or a call that raised: outputs unknown
             self.first_out: TensorRecord | None = None
             self.out_shapes: tuple[ShapeKey, ...] | None = None
@@ -227,6 +252,8 @@ class _Scorer:
             first_y = shape_key(y.first_out.shape) if y.first_out is not None else None
             if first_x != first_y:
                 return 0
+        if x.passes != y.passes:
+            return 0  # a call that returns what it was given (a dropout, an identity) computes nothing another does
         score = 4
         same_type = _same_type(x, y)
         if same_type:
@@ -536,6 +563,71 @@ def _evidence_pass(
             orders[key] = frozenset(_child_order(children_a, children_b, found))
 
 
+def _pair_as_agreeing_blocks(
+    found: dict[int, tuple[int, MatchKind]],
+    a_calls: Sequence[CallNode],
+    b_calls: Sequence[CallNode],
+    b_root: CallNode,
+    tolerance: Tolerance,
+) -> None:
+    """Re-pair a container of a numbered block that departs with the port's container of the code it pairs with in
+    the blocks that agree, when that container is its partner's caller or callee and still unpaired.
+
+    Where a port wraps its block (``Residual(fn)`` adds the input to what ``fn`` returns), the original's layer
+    matches the wrapper by values in every block that agrees; once values depart, the wrapper and what it wraps are
+    equally plausible by shape and input, and make-up may pick the wrapped block, whose output lacks the residual:
+    a fault in the wrapper's own code was then blamed on the block. Each block is the same code on both sides, so
+    it pairs the same way in all of them."""
+    score = _Scorer(tolerance)
+    learned: dict[str, set[tuple[str, str]]] = {}
+    departing: list[tuple[int, int, str, tuple[str, str]]] = []
+    for i, (j, _) in found.items():
+        a, b = a_calls[i], b_calls[j]
+        code_a = without_block_number(a.path)
+        if a.leaf or b.leaf or a.kind != "module" or code_a == a.path:
+            continue  # a leaf, or a call outside numbered blocks: nothing to learn from other blocks
+        code_b = (without_block_number(b.path), b.type_name)
+        if score.close(_output_probe(a), _output_probe(b)):
+            learned.setdefault(code_a, set()).add(code_b)
+        else:
+            departing.append((i, j, code_a, code_b))
+    if not departing or not learned:
+        return
+    parent = {id(child): node for node in b_root.walk() for child in node.children}
+    position_b = {id(node): j for j, node in enumerate(b_calls)}
+    matched_b = {j for j, _ in found.values()}
+    for i, j, code_a, code_b in departing:
+        codes = learned.get(code_a, set())
+        if len(codes) != 1 or code_b in codes:
+            continue
+        (wanted,) = codes
+        nearest = [*_ancestors(b_calls[j], parent), *_descendants(b_calls[j])]
+        for node in nearest:
+            k = position_b[id(node)]
+            if k not in matched_b and (without_block_number(node.path), node.type_name) == wanted:
+                found[i] = (k, "structure")
+                matched_b.discard(j)
+                matched_b.add(k)
+                break
+
+
+def _ancestors(node: CallNode, parent: dict[int, CallNode]) -> list[CallNode]:
+    found, above = [], parent.get(id(node))
+    while above is not None:
+        found.append(above)
+        above = parent.get(id(above))
+    return found
+
+
+def _descendants(node: CallNode) -> list[CallNode]:
+    """The calls inside ``node``, nearest first (breadth first)."""
+    found, level = [], list(node.children)
+    while level:
+        found += level
+        level = [child for call in level for child in call.children]
+    return found
+
+
 def _same_input_pairs(
     xs: Sequence[int], ys: Sequence[int], a_calls: Sequence[CallNode], b_calls: Sequence[CallNode], score: _Scorer
 ) -> list[tuple[int, int]]:
@@ -635,7 +727,7 @@ def _output_probe(node: CallNode) -> StatPoint | None:
     return StatPoint.of(first) if first is not None else None
 
 
-def _passes_through(node: CallNode) -> bool:
+def passes_through(node: CallNode) -> bool:
     """A call that returns what it was given (a dropout in eval mode, an identity): where it sits says nothing."""
     if not node.leaf:
         return False
@@ -672,7 +764,7 @@ def _drop_crossed_boundaries(
     for i, (j, _) in found.items():
         if i in moved:
             continue
-        if not (_passes_through(a_calls[i]) or _passes_through(b_calls[j])):  # a no-op may sit on either side
+        if not (passes_through(a_calls[i]) or passes_through(b_calls[j])):  # a no-op may sit on either side
             counterpart_b[i].append(j)
             counterpart_a[j].append(i)
     for group in fused:
@@ -719,7 +811,7 @@ def _moved_leaves(
         by_kind: dict[tuple[object, ...], list[int]] = defaultdict(list)
         taken = set(taken) | skip
         for k, node in enumerate(calls):
-            if node.kind == "module" and node.leaf and node.type_name and k not in taken and not _passes_through(node):
+            if node.kind == "module" and node.leaf and node.type_name and k not in taken and not passes_through(node):
                 signature = _Signature(node)
                 by_kind[(node.type_name, signature.key, signature.out_shapes)].append(k)
         return by_kind
@@ -778,7 +870,7 @@ def _reshaping_leaves(
             (k, _Signature(node))
             for k, node in enumerate(calls)
             if node.kind == "module" and node.leaf and node.type_name and k not in taken and node.outputs is not None
-            if not _passes_through(node)
+            if not passes_through(node)
         ]
 
     loose_a, loose_b = loose(a_calls, found, reserved[0]), loose(b_calls, matched_b, reserved[1])
@@ -872,6 +964,7 @@ def align_calls(
         same_place = _SamePlace(a_root, b_root, pairs, _Scorer(tolerance).close)
         _structure_pass(found, a_calls, b_calls, tolerance, containers_only=True, same_place=same_place)
         _evidence_pass(found, a_calls, b_calls, positions, tolerance, orders)
+        _pair_as_agreeing_blocks(found, a_calls, b_calls, b_root, tolerance)
     # fused projections before the leaves are aligned by structure: a wqkv's parts would otherwise pair with
     # whatever leaf has their shapes (GPT-2's c_proj with a port's k_proj)
     # (the data flow between them is read through a provisional pairing of the leaves: after a divergence, the

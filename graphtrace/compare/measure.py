@@ -17,8 +17,10 @@ their methods are used.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -95,7 +97,7 @@ def split_alike(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
 class ShapeKey:
     """A shape as alignment sets shapes side by side: up to size-1 dimensions, to the order of the dimensions (a
     Megatron or fairseq style port keeps activations ``[T, B, D]`` where the original keeps ``[B, T, D]``, a
-    convolutional one ``[B, C, T]`` for ``[B, T, C]``; see :func:`dims_order`) and to a split last dimension
+    convolutional one ``[B, C, T]`` for ``[B, T, C]``; see :func:`dims_orders`) and to a split last dimension
     (:func:`split_alike`). Keys hash by their number of elements, which every such equivalent shares."""
 
     __slots__ = ("order", "sizes")
@@ -121,14 +123,38 @@ def shape_key(shape: tuple[int, ...]) -> ShapeKey:
     return ShapeKey(shape)
 
 
-def dims_order(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
-    """How to take the dimensions of ``b`` (squeezed) to lay its values out as ``a`` (squeezed) holds them, when the
-    two differ only in the order of their dimensions and every size is distinct (which dimension is which is then
-    certain); None otherwise, also when they need no re-ordering."""
+def dims_orders(a: tuple[int, ...], b: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The ways to take the dimensions of ``b`` (squeezed) to lay its values out as ``a`` (squeezed) holds them, when
+    the two differ only in the order of their dimensions; none when they need no re-ordering. One when every size is
+    distinct (which dimension is which is then certain); several when two have the same size (``[B, H, W, C]`` for
+    ``[B, C, H, W]`` with ``H == W``), the first keeping dimensions of the same size in their order."""
     a, b = squeezed(a), squeezed(b)
-    if a == b or sorted(a) != sorted(b) or len(set(a)) != len(a):
-        return None
-    return tuple(b.index(size) for size in a)
+    if a == b or sorted(a) != sorted(b):
+        return []
+    return list(itertools.islice(_orders(a, b), MAX_DIMS_ORDERS))
+
+
+def _orders(a: tuple[int, ...], b: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    """Every order of ``b``'s dims that gives ``a``, generated size by size (never the permutations of all dims),
+    dims of one size in their own order first."""
+    places: dict[int, list[int]] = {}
+    for index, size in enumerate(b):
+        places.setdefault(size, []).append(index)
+
+    def assign(position: int, used: frozenset[int]) -> Iterator[tuple[int, ...]]:
+        if position == len(a):
+            yield ()
+            return
+        for index in places[a[position]]:  # lazily: eight dims of one size would be 40,320 orders
+            if index not in used:
+                for rest in assign(position + 1, used | {index}):
+                    yield (index, *rest)
+
+    return assign(0, frozenset())
+
+
+MAX_DIMS_ORDERS = 24
+"""At most this many orders are tried (each compares the whole tensor): eight dims of one size allow 40,320."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -651,32 +677,42 @@ def measure(
         "rtol": rtol,
         "atol": atol,
     }
-    order = None
+    orders: list[tuple[int, ...]] = []
     split = False
     if a.shape != b.shape:
-        order = dims_order(a.shape, b.shape) if any_dims_order else None
-        split = order is None and any_dims_order and split_alike(a.shape, b.shape)
-        if squeezed(a.shape) != squeezed(b.shape) and order is None and not split:
+        orders = dims_orders(a.shape, b.shape) if any_dims_order else []
+        split = not orders and any_dims_order and split_alike(a.shape, b.shape)
+        if squeezed(a.shape) != squeezed(b.shape) and not orders and not split:
             return TensorDiff(
                 **base, basis="none", status="diverged", reason=f"shape {list(a.shape)} vs {list(b.shape)}"
             )
         if split:
             base["equivalence"] = f"shapes {list(a.shape)} and {list(b.shape)}: the same elements, a last dim split"
-        elif order is None:
+        elif not orders:
             base["equivalence"] = f"shapes {list(a.shape)} and {list(b.shape)} differ only by size-1 dims"
         else:
             base["equivalence"] = f"shapes {list(a.shape)} and {list(b.shape)}: the same dims in another order"
     if values is not None:
         ta, tb = values
-        if order is not None:  # B's values laid out as A holds them
-            ta = ta.reshape(squeezed(a.shape))
-            tb = tb.reshape(squeezed(b.shape)).permute(order).contiguous()
-        elif split:  # the same elements in the same order: B's laid out in A's shape
+        if split:  # the same elements in the same order: B's laid out in A's shape
             tb = tb.reshape(ta.shape)
-        return _from_values(ta, tb, base, normwise=tolerance.atol is None, layout=layout)
+        if not orders:
+            return _from_values(ta, tb, base, normwise=tolerance.atol is None, layout=layout)
+        # B's values laid out as A holds them. When two dims have the same size, the shapes allow several orders:
+        # the one under which the values agree is the port's layout (a transposition of two dims that A and B lay
+        # out alike is not among them: equal shapes are compared as they are); none agreeing, the first is shown
+        ta = ta.reshape(squeezed(a.shape))
+        tb = tb.reshape(squeezed(b.shape))
+        found = []
+        for order in orders:  # (each trial is given its own copy of ``base``: it takes the equivalence out of it)
+            laid_out = tb.permute(order).contiguous()
+            found.append(_from_values(ta, laid_out, dict(base), normwise=tolerance.atol is None, layout=layout))
+            if found[-1].status == "equal":
+                return found[-1]
+        return found[0]
     if a.stats is not None and b.stats is not None:
         return _from_stats(a, b, base)
-    if a.stats is None and b.stats is None and order is None:
+    if a.stats is None and b.stats is None and not orders:
         whole = _repr_integers(a), _repr_integers(b)
         if whole[0] is not None and whole[1] is not None:
             return _from_integers(whole[0], whole[1], base)

@@ -12,11 +12,11 @@ import dataclasses
 import functools
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from graphtrace.compare.align import returned_order
+from graphtrace.compare.align import passes_through, returned_order, without_block_number
 from graphtrace.compare.measure import STAT_NAMES, TensorDiff, Tolerance
 from graphtrace.compare.pairs import CallDiff
 from graphtrace.model import CallNode, TensorRecord, Trace, services
@@ -52,6 +52,10 @@ class Divergence:
     before: CallDiff | None = None
     op_locus: object | None = None
     parts: tuple[CallDiff, ...] = ()
+    unchecked: tuple[CallNode, ...] = ()
+    """For a departure in a module's own code: the modules of B it called before the departure that have no
+    counterpart in A (a rotary module where the original computes its table inline), so their outputs were compared
+    with nothing: the departure may lie in them as well."""
 
 
 def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) -> Divergence | None:
@@ -97,7 +101,7 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
             changed = next((d for d in here.inputs if d.status == "diverged"), None)
             detail = f"{changed.name_b}: {changed.reason}" if changed is not None else here.reason
             detail = (_given_another_shape(here) or detail) if changed is None else detail
-            holder = b_tree.holder(outer, here)
+            holder = b_tree.holder(outer, here) or b_tree.entered_well(outer, here)
             if holder is not None:  # a module of B without counterpart in A holds the departure: name it
                 culprit = dataclasses.replace(outer, b=holder, inputs=(), outputs=(), only_in_a=(), only_in_b=())
                 where = f"{holder.path} (B's own module, within {_short_name(outer)})"
@@ -106,12 +110,14 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
                     True,
                     f"inside {where}, before {before}: {before}'s inputs already differ ({detail})",
                     before=here,
+                    unchecked=b_tree.unchecked(holder, here.b),
                 )
             return Divergence(
                 outer,
                 True,
                 f"inside {_short_name(outer)}, before {before}: {before}'s inputs already differ ({detail})",
                 before=here,
+                unchecked=b_tree.unchecked(outer.b, here.b),
             )
         inner = here if here is not None else outer
         for child in node.children:
@@ -128,6 +134,17 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
                 f"(B's module also stands for {', '.join(sorted(b_counterparts[here.b.path] - {here.a.path}))})",
                 before=here,
             )
+        withheld = _withheld(here, steps, b_tree) if outer is not None else ()
+        if withheld and outer is not None:
+            caller = _b_caller(outer, here, b_tree, b_calls)
+            given = ", ".join(name.removeprefix("inputs") for name in withheld)
+            return Divergence(
+                caller,
+                True,
+                f"inside {_short_name(caller)}: {_short_name(here)} is not given {given}, which the same module of "
+                f"B's other blocks is given, while A's is given the same inputs in every block ({here.reason})",
+                before=here,
+            )
         parts = fused_parts.get(id(node), ())
         if len(parts) > 1 and not any(d.basis == "values" for d in here.outputs):
             return _fused_by_statistics(here, parts, b_tree)
@@ -136,7 +153,8 @@ def locate_divergence(calls: tuple[CallDiff, ...], steps: Sequence[CallNode]) ->
             why = "its inputs and every call inside it agree, its output does not: the departure is in its own code"
         else:
             why = "its inputs agree, its output does not"
-        return Divergence(here, own, f"{_short_name(here)}: {why} ({here.reason})")
+        unchecked = b_tree.unchecked(here.b, None) if own else ()
+        return Divergence(here, own, f"{_short_name(here)}: {why} ({here.reason})", unchecked=unchecked)
 
     for root in steps:
         found = visit(root, None)
@@ -165,6 +183,34 @@ def _inputs_depart(call: CallDiff, fed_well: Callable[[CallDiff], bool] = lambda
     if call.status != "equal":
         return True
     return any(d.status == "diverged" and _floating(d.dtype_a) and _floating(d.dtype_b) for d in call.inputs)
+
+
+def _withheld(call: CallDiff, steps: Sequence[CallNode], b_tree: _BTree) -> tuple[str, ...]:
+    """The tensors B's ``call`` is not given that the same module of B's other blocks (its path with the block number
+    left out, its type) is given in every one of them, while A's call is given whatever its own other blocks are: a
+    caller that withheld an argument (a block that does not hand its attention the causal mask), whose callee then
+    computes faithfully from what it got. Empty when there is no other block, or when A's blocks differ too (a stack
+    that hands its first block no position bias)."""
+
+    def missing(node: CallNode, roots: Iterable[CallNode]) -> set[str]:
+        code = (without_block_number(node.path), node.type_name)
+        if code[0] == node.path:
+            return set()
+        others = [
+            {name for name, _ in other.input_tensors()}
+            for root in roots
+            for other in root.walk()
+            if other is not node
+            and other.kind == "module"
+            and (without_block_number(other.path), other.type_name) == code
+        ]
+        if not others:
+            return set()
+        return set.intersection(*others) - {name for name, _ in node.input_tensors()}
+
+    if missing(call.a, steps):
+        return ()
+    return tuple(f"inputs{name}" for name in sorted(missing(call.b, b_tree.roots)))
 
 
 def _given_another_shape(call: CallDiff) -> str | None:
@@ -241,6 +287,7 @@ class _BTree:
 
     def __init__(self, calls: Sequence[CallDiff], steps: Sequence[CallNode]) -> None:
         roots = {id(step) for step in steps}
+        self.roots = [call.b for call in calls if id(call.a) in roots]
         self.parent: dict[int, CallNode] = {}
         self.order: dict[int, int] = {}  # id -> position in B's returned order
         for root in (call.b for call in calls if id(call.a) in roots):
@@ -258,6 +305,23 @@ class _BTree:
             found.append(parent)
             parent = self.parent.get(id(parent))
         return found
+
+    def unchecked(self, container: CallNode, before: CallNode | None) -> tuple[CallNode, ...]:
+        """The module calls of B inside ``container`` without a counterpart in A that returned before ``before``
+        (all of them when None), leaving out those that return what they were given (a dropout) and those holding
+        ``before``."""
+        end = self.order.get(id(before)) if before is not None else None
+        holding = {id(node) for node in self.ancestors(before)} if before is not None else set()
+        return tuple(
+            node
+            for node in returned_order(container)
+            if node is not container
+            and node.kind == "module"
+            and id(node) not in self.matched_b
+            and id(node) not in holding
+            and (end is None or self.order.get(id(node), end) < end)
+            and not passes_through(node)
+        )
 
     def holder(self, outer: CallDiff, first: CallDiff) -> CallNode | None:
         """The module of B, inside ``outer``'s and without a counterpart, whose own code lies between the last call
@@ -289,6 +353,26 @@ class _BTree:
         if common is None or id(common) not in inner or id(common) in self.matched_b:
             return None
         return common
+
+    def entered_well(self, outer: CallDiff, first: CallDiff) -> CallNode | None:
+        """The innermost module of B, inside ``outer``'s and without a counterpart, that calls ``first`` (whose inputs
+        differ) and was itself given what agrees: each of its tensors is one ``outer`` was given (its inputs
+        agreeing) or the output of a call that agrees. Its own code handed ``first`` what differs (a port's
+        ``downsample`` list missing its norm). None when there is none."""
+        above_first = self.ancestors(first.b)
+        depth = next((k for k, node in enumerate(above_first) if node is outer.b), None)
+        start = self.order.get(id(first.b))
+        if not depth or start is None:
+            return None
+        agreeing = {_fingerprint(record) for _, record in outer.b.input_tensors()} if outer.inputs_agree else set()
+        for call in self.pairs:
+            if call.status == "equal" and self.order.get(id(call.b), start) < start:
+                agreeing.update(_fingerprint(record) for _, record in call.b.output_tensors())
+        for node in above_first[:depth]:  # innermost first
+            given = [_fingerprint(record) for _, record in node.input_tensors()]
+            if id(node) not in self.matched_b and given and all(found in agreeing for found in given):
+                return node
+        return None
 
 
 def _short_name(call: CallDiff) -> str:
@@ -458,6 +542,7 @@ def _divergence_json(found: Divergence) -> dict[str, Any]:
         "before": None if found.before is None else {"a": found.before.a.id, "b": found.before.b.id},
         "explanation": found.explanation,
         "op_locus": None if found.op_locus is None else str(found.op_locus),
+        "unchecked": [node.id for node in found.unchecked],
     }
 
 

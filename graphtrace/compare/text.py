@@ -196,6 +196,10 @@ def _verdict(comparison: Comparison) -> list[Text]:
             why = "its inputs differ"
         lines.append(_line(f"first divergence: {names}{kind}: {why}", "bold red"))
         lines.append(_line(f"  {found.explanation if found.inside or found.parts else first.reason}"))
+        if found.unchecked:
+            names = ", ".join(node.path.partition(".")[2] or node.path for node in found.unchecked[:4])
+            more = f" (+{len(found.unchecked) - 4} more)" if len(found.unchecked) > 4 else ""
+            lines.append(_line(f"  or in what it called that A has no counterpart for (not compared): {names}{more}"))
         if found.op_locus is not None:
             lines.append(_line(f"  {found.op_locus}"))
     notes = _equivalences(comparison)
