@@ -27,6 +27,7 @@ from tests import (  # noqa: E402
     independent_bert,
     independent_clip_port,
     independent_convnext_port,
+    independent_einsum_port,
     independent_gpt2,
     independent_lean_llama,
     independent_litgpt_port,
@@ -88,6 +89,8 @@ def _port(originals: dict[str, torch.nn.Module], arch: str, bug: str | None, fus
         return independent_convnext_port.port_of(originals["convnext"], bug)
     if arch == "litgpt":
         return independent_litgpt_port.port_of(originals["litgpt"], bug)
+    if arch == "einsum":
+        return independent_einsum_port.port_of(originals["einsum"], bug)
     return independent_gpt2.port_of(originals["gpt2"], bug=bug)
 
 
@@ -109,6 +112,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "clip": independent_clip_port.hf_clip(),
         "convnext": independent_convnext_port.hf_convnext(),
         "litgpt": independent_litgpt_port.hf_llama_gqa(),
+        "einsum": independent_einsum_port.hf_gemma(),  # a Flax-style Gemma: einsum projections, stacked kv
     }
     rules = {
         "llama": independent_llama.RULES,
@@ -128,6 +132,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
         "clip": independent_clip_port.RULES,
         "convnext": independent_convnext_port.RULES,
         "litgpt": independent_litgpt_port.RULES,
+        "einsum": independent_einsum_port.RULES,
     }
     token_ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
     pixels = independent_vit.pixels()
@@ -157,6 +162,8 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     inputs["convnext"] = ({"pixel_values": convnext_pixels}, (convnext_pixels,))
     litgpt_ids = independent_litgpt_port.token_ids()
     inputs["litgpt"] = ({"input_ids": litgpt_ids}, (litgpt_ids,))
+    einsum_ids = independent_einsum_port.token_ids()
+    inputs["einsum"] = ({"input_ids": einsum_ids}, (einsum_ids,))
     faithful = (*FAITHFUL, ("vit", False), ("bert", False), ("gpt2-split", False), ("neox", False), ("moe", False))
     faithful += (("llama-lean", False), ("phi3", False), ("t5", False), ("seq-first", False), ("vllm", False))
     cases = [(arch, None, fused, None) for arch, fused in faithful]
@@ -172,6 +179,11 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
     cases += [("convnext", variant, False, None) for variant in (None, *independent_convnext_port.VARIANTS)]
     cases += independent_convnext_port.CASES  # a timm style ConvNeXt
     cases += [("litgpt", None, False, None), *independent_litgpt_port.CASES]  # a litgpt style grouped-query Llama
+    cases += [
+        ("einsum", None, False, None),
+        *[("einsum", variant, False, None) for variant in independent_einsum_port.VARIANTS],
+    ]
+    cases += independent_einsum_port.CASES + independent_einsum_port.COMPOUND_CASES
     rows = []
     for values in MODES:
         for arch in originals:  # gpt2-split's original is gpt2
@@ -210,6 +222,7 @@ def score(work: Path, ops: bool = False) -> list[tuple[str, str, str, str, str, 
                         **independent_clip_port.STATS_EXPECTED,
                         **independent_convnext_port.STATS_EXPECTED,
                         **independent_litgpt_port.STATS_EXPECTED,
+                        **independent_einsum_port.STATS_EXPECTED,
                     }
                     want = stats_expected.get((arch, bug or ""), want)
                 rows.append((name, values, "yes" if mapped else "no", named, want, named == want))

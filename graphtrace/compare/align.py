@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from graphtrace.compare.fused import FusedMatch, find_fused
-from graphtrace.compare.measure import StatPoint, Tolerance, shape_key
+from graphtrace.compare.measure import ShapeKey, StatPoint, Tolerance, shape_key
 from graphtrace.compare.rules import RenameRule, apply_rules
 from graphtrace.model import CallNode, TensorRecord, numbered
 
@@ -155,7 +155,7 @@ def _same_interface(a: CallNode, b: CallNode) -> bool:
     return 0 in counts or counts[0] == counts[1]  # no outputs (transformers' format, a call that raised): its role
 
 
-def _overlap(x: set[tuple[int, ...]], y: set[tuple[int, ...]]) -> bool:
+def _overlap(x: set[ShapeKey], y: set[ShapeKey]) -> bool:
     return not x or not y or bool(x & y)
 
 
@@ -203,7 +203,7 @@ class _Signature:
         self.passes = passes_through(node)
         if node.outputs is None:  # a container in transformers' format, or a call that raised: outputs unknown
             self.first_out: TensorRecord | None = None
-            self.out_shapes: tuple[tuple[int, ...], ...] | None = None
+            self.out_shapes: tuple[ShapeKey, ...] | None = None
         else:
             outputs = [record for _, record in node.output_tensors()]
             self.first_out = outputs[0] if outputs else None

@@ -22,11 +22,12 @@ the fused output's statistics are compared with those of the concatenation, whic
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from graphtrace.compare.measure import StatPoint, Tolerance, squeezed
+from graphtrace.compare.measure import StatPoint, Tolerance, split_alike, squeezed
 from graphtrace.model import CallNode, Stats, TensorRecord
 
 __all__ = ["FusedMatch", "concatenated_record", "find_fused"]
@@ -41,6 +42,19 @@ class FusedMatch:
     parts: tuple[CallNode, ...]
     offsets: tuple[int, ...]
     fused_in_a: bool
+    stacked: bool = False  # the parts stacked on a new leading axis ([2, B, T, ...]), compared as if side by side
+    split: bool = False  # the parts side by side in a last dim split into several ([B, T, 3, H, Dh])
+
+    def side_by_side(self, record: TensorRecord) -> TensorRecord:
+        """The fused output's record as its parts side by side along the last dimension: itself, or, when they are
+        stacked on a leading axis or the last dim is split, with the parts' leading shape and their widths summed
+        (no fingerprint when stacked: its groups follow the stacking)."""
+        if not self.stacked and not self.split:
+            return record
+        part = _single_output(self.parts[0])
+        assert part is not None
+        shape = (*part.shape[:-1], part.shape[-1] * len(self.parts))
+        return dataclasses.replace(record, shape=shape, sketch=None if self.stacked else record.sketch)
 
 
 def _single_output(node: CallNode) -> TensorRecord | None:
@@ -75,7 +89,7 @@ def _matched_ancestor(node: CallNode, parents: dict[int, CallNode], matched: dic
 
 def _same_output(one: CallNode, other: CallNode) -> bool:
     a, b = _single_output(one), _single_output(other)
-    return a is not None and b is not None and squeezed(a.shape) == squeezed(b.shape)
+    return a is not None and b is not None and (squeezed(a.shape) == squeezed(b.shape) or split_alike(a.shape, b.shape))
 
 
 def _same_input(given: TensorRecord, other: TensorRecord, tolerance: Tolerance) -> bool:
@@ -104,8 +118,15 @@ def _fed_alike(flow: Callable[[], Sequence[tuple[CallNode, CallNode]]]) -> Calla
     return fed_alike
 
 
-def _swapped(fed_alike: Callable[[CallNode, CallNode], bool]) -> Callable[[CallNode, CallNode], bool]:
-    return lambda one, other: fed_alike(other, one)
+def _stacked_like(out: tuple[int, ...], part: tuple[int, ...]) -> bool:
+    """Whether a fused output of shape ``out`` holds parts of shape ``part`` stacked on a new leading axis (an
+    einsum over a weight ``[2, D, K, Dh]`` returns k and v as ``[2, B, T, K, Dh]``), each part's elements in its
+    own order (its last dimension possibly split)."""
+    whole = squeezed(out)
+    if len(whole) < 2 or whole[0] < 2:
+        return False
+    rest = whole[1:]
+    return squeezed(part) == rest or split_alike(rest, part)
 
 
 def _runs(
@@ -113,35 +134,54 @@ def _runs(
     candidates: Sequence[CallNode],
     tolerance: Tolerance,
     fed_alike: Callable[[CallNode, CallNode], bool],
-) -> Iterator[tuple[CallNode, ...]]:
-    """Runs of candidates whose outputs, side by side, make up ``fused``'s output: consecutive among those that
-    could be parts (an MLP's gate and up projections with its activation called between them)."""
+    fused_in_a: bool,
+) -> Iterator[tuple[tuple[CallNode, ...], bool]]:
+    """Runs of candidates whose outputs, side by side or stacked on a leading axis (True), make up ``fused``'s
+    output: consecutive among those that could be parts (an MLP's gate and up projections with its activation
+    called between them)."""
     out, given = _single_output(fused), _first_input(fused)
     if out is None or given is None or not out.shape:
         return
     width, lead = out.shape[-1], squeezed(out.shape[:-1])
+    tokens, whole = squeezed(given.shape[:-1]), squeezed(out.shape)
+    if len(whole) > len(tokens) + 1 and whole[: len(tokens)] == tokens:  # a split last dim: [B, T, 3, H, Dh]
+        width, lead = math.prod(whole[len(tokens) :]), tokens
     usable: list[int | None] = []
+    stacking: list[bool] = []
     for node in candidates:
         part_out, part_in = _single_output(node), _first_input(node)
         if part_out is None or part_in is None or not part_out.shape or part_out.dtype != out.dtype:
             usable.append(None)
         elif node.leaf != fused.leaf:  # a projection's parts are projections, not an attention around them
             usable.append(None)
-        elif part_out.shape[-1] >= width:  # a part is narrower than the whole (checked first: it costs nothing)
+        elif squeezed(part_in.shape) != squeezed(given.shape):
             usable.append(None)
-        elif squeezed(part_in.shape) != squeezed(given.shape) or squeezed(part_out.shape[:-1]) != lead:
+        elif squeezed(part_out.shape[:-1]) != lead and not _stacked_like(out.shape, part_out.shape):
             usable.append(None)
-        elif not _same_input(given, part_in, tolerance) and not fed_alike(fused, node):
+        elif squeezed(part_out.shape[:-1]) == lead and part_out.shape[-1] >= width:  # side by side, each narrower
+            usable.append(None)  # (checked before the inputs: it costs nothing)
+        elif not _same_input(given, part_in, tolerance) and not fed_alike(
+            *((fused, node) if fused_in_a else (node, fused))
+        ):
             usable.append(None)
         else:
             usable.append(part_out.shape[-1])
-    parts = [(node, size) for node, size in zip(candidates, usable, strict=True) if size is not None]
+        stacking.append(part_out is not None and usable[-1] is not None and squeezed(part_out.shape[:-1]) != lead)
+    parts = [(node, size, on) for node, size, on in zip(candidates, usable, stacking, strict=True) if size is not None]
+    stack = squeezed(out.shape)[0] if out.shape and squeezed(out.shape) else 0
     for start in range(len(parts)):
+        if parts[start][2]:  # stacked: as many parts of one shape as the leading axis holds
+            run = parts[start : start + stack]
+            if len(run) == stack and all(on and size == parts[start][1] for _, size, on in run):
+                yield tuple(node for node, _, _ in run), True
+            continue
         total = 0
         for end in range(start, len(parts)):
+            if parts[end][2]:
+                break
             total += parts[end][1]
             if total == width and end > start:
-                yield tuple(node for node, _ in parts[start : end + 1])
+                yield tuple(node for node, _, _ in parts[start : end + 1]), False
                 break
             if total > width:
                 break
@@ -186,11 +226,10 @@ def find_fused(
             candidates = [node for node in by_caller.get(id(caller), ()) if id(node) not in used]
             if any(_same_output(fused, node) for node in candidates):
                 continue  # a call of the fused one's own shape is there: a one-to-one pair, left to alignment
-            # fed_alike takes (a call of A, a call of B): the fused call is B's when the parts are A's
-            fed = fed_alike if fused_in_a else _swapped(fed_alike)
-            run = next(_runs(fused, candidates, tolerance or Tolerance(), fed), None)
-            if run is None:
+            found_run = next(_runs(fused, candidates, tolerance or Tolerance(), fed_alike, fused_in_a), None)
+            if found_run is None:
                 continue
+            run, stacked = found_run
             offsets, at = [], 0
             for part in run:
                 offsets.append(at)
@@ -198,7 +237,10 @@ def find_fused(
                 assert record is not None
                 at += record.shape[-1]
             used.update(id(node) for node in (fused, *run))
-            found.append(FusedMatch(fused, run, tuple(offsets), fused_in_a))
+            whole = _single_output(fused)
+            assert whole is not None and whole.shape
+            split = not stacked and at != whole.shape[-1]  # the parts' widths fill a last dim split into several
+            found.append(FusedMatch(fused, run, tuple(offsets), fused_in_a, stacked, split))
     return found
 
 

@@ -93,11 +93,46 @@ def squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(size for size in shape if size != 1)
 
 
-def shape_key(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """``shape`` as alignment sets shapes side by side: up to size-1 dimensions and to the order of the dimensions
-    (a Megatron or fairseq style port keeps activations ``[T, B, D]`` where the original keeps ``[B, T, D]``, a
-    convolutional one ``[B, C, T]`` for ``[B, T, C]``; see :func:`dims_orders`)."""
-    return tuple(sorted(squeezed(shape)))
+def split_alike(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether ``a`` and ``b`` (squeezed) hold the same elements in the same order, one with its last dimension
+    split into several: a projection written as an einsum returns ``[B, T, H, Dh]`` where ``nn.Linear`` returns
+    ``[B, T, H*Dh]``. The coarser shape's other dimensions must be the finer one's first (at least one of them),
+    so a flattened tensor does not fit whatever else has as many elements."""
+    a, b = squeezed(a), squeezed(b)
+    coarse, fine = (a, b) if len(a) < len(b) else (b, a)
+    if len(coarse) < 2 or len(fine) == len(coarse):
+        return False
+    lead = len(coarse) - 1
+    return fine[:lead] == coarse[:lead] and math.prod(fine[lead:]) == coarse[-1]
+
+
+class ShapeKey:
+    """A shape as alignment sets shapes side by side: up to size-1 dimensions, to the order of the dimensions (a
+    Megatron or fairseq style port keeps activations ``[T, B, D]`` where the original keeps ``[B, T, D]``, a
+    convolutional one ``[B, C, T]`` for ``[B, T, C]``; see :func:`dims_orders`) and to a split last dimension
+    (:func:`split_alike`). Keys hash by their number of elements, which every such equivalent shares."""
+
+    __slots__ = ("order", "sizes")
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.order = squeezed(shape)
+        self.sizes = tuple(sorted(self.order))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ShapeKey):
+            return NotImplemented
+        return self.sizes == other.sizes or split_alike(self.order, other.order)
+
+    def __hash__(self) -> int:
+        return hash(math.prod(self.sizes))
+
+    def __repr__(self) -> str:
+        return f"ShapeKey({list(self.order)})"
+
+
+def shape_key(shape: tuple[int, ...]) -> ShapeKey:
+    """``shape`` as alignment sets shapes side by side (:class:`ShapeKey`)."""
+    return ShapeKey(shape)
 
 
 def dims_orders(a: tuple[int, ...], b: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -325,10 +360,16 @@ def _sketches_apart(a: TensorRecord, b: TensorRecord, rtol: float, atol: float) 
     cannot be compared (missing, or rows laid out otherwise). Each row group's mean and root mean square are
     aggregates of the group's elements, with :func:`aggregate_tolerance`."""
     sa, sb = a.sketch, b.sketch
-    if sa is None or sb is None or len(sa) != len(sb) or squeezed(a.shape) != squeezed(b.shape):
-        return None  # rows in another order (dims re-ordered) are cut into other groups
-    if a.numel != b.numel:
+    if sa is None or sb is None or a.numel != b.numel:
         return None
+    if squeezed(a.shape) != squeezed(b.shape) and not split_alike(a.shape, b.shape):
+        return None  # rows in another order (dims re-ordered) are cut into other groups
+    # groups are equal runs of the elements in order: a split last dim cuts the same elements into more rows and
+    # more groups, whose sums add up to the coarser side's when its groups are unions of them
+    merged_a, merged_b = _merged(sa, len(sb)), _merged(sb, len(sa))
+    if merged_a is None or merged_b is None:
+        return None
+    sa, sb = merged_a, merged_b
     groups = len(sa) // 2
     size = a.numel / groups
     epsilon = _epsilon(a.dtype, b.dtype)
@@ -345,6 +386,20 @@ def _sketches_apart(a: TensorRecord, b: TensorRecord, rtol: float, atol: float) 
                 where = f"row group {g + 1} of {groups}"
                 return f"{what} of {where} {x:.8g} vs {y:.8g} (the value fingerprint; statistics of the whole agree)"
     return None
+
+
+def _merged(sketch: tuple[float, ...], other: int) -> tuple[float, ...] | None:
+    """``sketch`` with its groups summed into as many as ``other`` (a sketch's length) holds, when they divide
+    evenly; None when they cannot."""
+    if len(sketch) <= other:
+        return sketch if other % len(sketch) == 0 else None
+    if len(sketch) % other:
+        return None
+    groups, merged = len(sketch) // 2, other // 2
+    run = groups // merged
+    sums = [math.fsum(sketch[g * run : (g + 1) * run]) for g in range(merged)]
+    squares = [math.fsum(sketch[groups + g * run : groups + (g + 1) * run]) for g in range(merged)]
+    return (*sums, *squares)
 
 
 def _from_stats(a: TensorRecord, b: TensorRecord, base: dict[str, Any]) -> TensorDiff:
@@ -650,9 +705,11 @@ def measure(
         "atol": atol,
     }
     orders: list[tuple[int, ...]] = []
+    split = False
     if a.shape != b.shape:
         orders = dims_orders(a.shape, b.shape) if any_dims_order else []
-        if squeezed(a.shape) != squeezed(b.shape) and not orders:
+        split = not orders and any_dims_order and split_alike(a.shape, b.shape)
+        if squeezed(a.shape) != squeezed(b.shape) and not orders and not split:
             pad = padding(a.shape, b.shape)
             if pad is not None and values is not None:  # compared on what the two hold alike
                 dim, size = pad
@@ -661,12 +718,16 @@ def measure(
                 return _from_values(ta, tb.narrow(dim, 0, size), base, normwise=tolerance.atol is None, layout=layout)
             reason = f"shape {list(a.shape)} vs {list(b.shape)}"
             return TensorDiff(**base, basis="none", status="diverged", reason=reason, padded=pad is not None)
-        if not orders:
+        if split:
+            base["equivalence"] = f"shapes {list(a.shape)} and {list(b.shape)}: the same elements, a last dim split"
+        elif not orders:
             base["equivalence"] = f"shapes {list(a.shape)} and {list(b.shape)} differ only by size-1 dims"
         else:
             base["equivalence"] = f"shapes {list(a.shape)} and {list(b.shape)}: the same dims in another order"
     if values is not None:
         ta, tb = values
+        if split:  # the same elements in the same order: B's laid out in A's shape
+            tb = tb.reshape(ta.shape)
         if not orders:
             return _from_values(ta, tb, base, normwise=tolerance.atol is None, layout=layout)
         # B's values laid out as A holds them. When two dims have the same size, the shapes allow several orders:

@@ -113,7 +113,7 @@ def _pair(
         k = by_name.get(item[0])
         # an input passed at the same place but of another shape is another quantity (a port passing a bias where
         # the original passes a mask): it stays apart, as an extra argument; an output is reported
-        if k is None or not any_shape and shape_key(rest_b[k][1].shape) != shape_key(item[1].shape):
+        if k is None or not any_shape and not _same_quantity(rest_b[k][1], item[1]):
             rest_a.append(item)
         else:
             pairs.append((item, rest_b[k]))
@@ -121,7 +121,7 @@ def _pair(
     rest_b = [item for k, item in enumerate(rest_b) if k not in taken]
     unpaired_a: list[Named] = []
     for item in rest_a:  # same shape first, in order
-        k = next((k for k, other in enumerate(rest_b) if shape_key(other[1].shape) == shape_key(item[1].shape)), None)
+        k = next((k for k, other in enumerate(rest_b) if _same_quantity(other[1], item[1])), None)
         if k is None:
             unpaired_a.append(item)
         else:
@@ -129,6 +129,13 @@ def _pair(
     left = min(len(unpaired_a), len(rest_b)) if any_shape else 0
     pairs += list(zip(unpaired_a[:left], rest_b[:left]))
     return pairs, [name for name, _ in unpaired_a[left:]], [name for name, _ in rest_b[left:]]
+
+
+def _same_quantity(a: TensorRecord, b: TensorRecord) -> bool:
+    """Whether two tensors may hold the same quantity: shapes alike (:class:`~graphtrace.compare.measure.ShapeKey`)
+    and both boolean or neither (a port's boolean mask, where the original adds a floating one, is another
+    quantity)."""
+    return shape_key(a.shape) == shape_key(b.shape) and (a.dtype == "torch.bool") == (b.dtype == "torch.bool")
 
 
 class ValueFiles(Protocol):
@@ -450,7 +457,7 @@ def _diff_fused(
     values: tuple[Any, list[Any]] | None,
     layout: PartColumns | None,
 ) -> list[CallDiff]:
-    fused_out = _single(fused.fused)
+    fused_out = fused.side_by_side(_single(fused.fused))
     part_outs = [_single(part) for part in fused.parts]
     combined = concatenated_record(part_outs)
     diffs = []
@@ -459,6 +466,8 @@ def _diff_fused(
         in_pairs, in_a, in_b = _pair(a.input_tensors(), b.input_tensors(), any_shape=False)
         width = part_out.shape[-1]
         where = f"[..., {offset}:{offset + width}]" if layout is None else layout.where(k)
+        if fused.stacked and (layout is None or layout.key == (1, tuple(fused.offsets))):
+            where = f"[{k}]"  # the parts in their order on the leading axis
         if values is not None and layout is not None:
             whole, own = values[0], values[1][k]
             sliced = whole.index_select(-1, layout.columns[k]).reshape(own.shape)
@@ -510,6 +519,11 @@ def _fused_values(fused: FusedMatch, stored: StoredValues) -> tuple[Any, list[An
         fused_values, part_values = (values[0], values[1]) if fused.fused_in_a else (values[1], values[0])
         whole = fused_values if whole is None else whole
         own.append(part_values)
+    if whole is not None and fused.stacked:  # [S, *part] laid out as the parts side by side: [..., S * width]
+        shape = tuple(own[0].shape)
+        whole = whole.reshape(len(own), *shape).movedim(0, -2).reshape(*shape[:-1], len(own) * shape[-1])
+    elif whole is not None and fused.split:  # [..., 3, H, Dh] as [..., 3 * H * Dh]
+        whole = whole.reshape(*own[0].shape[:-1], sum(int(part.shape[-1]) for part in own))
     return (whole, own) if whole is not None else None
 
 
