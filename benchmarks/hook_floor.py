@@ -5,7 +5,7 @@ graphtrace itself, on one model, in rotating rounds, also the mean over captures
     python -m benchmarks.hook_floor --model gpt2-small --rounds 9
 
 The hooks are registered on every module (``register_forward_hook(with_kwargs=True)``) and walk the tensors of the
-call's arguments and output, each tensor object once per call:
+call's arguments and output, each tensor once per forward while it is unchanged (as graphtrace measures it):
 
 * ``hook, nothing``: the hook is called and finds the tensors: what any recording costs before it computes;
 * ``hook, sum+norm+aminmax``: the floor issue 17 measured, three reductions per tensor, values left on the device;
@@ -72,17 +72,19 @@ def _hooked(
     model: nn.Module, inputs: dict[str, Any], work: Callable[[torch.Tensor, bool], object]
 ) -> Callable[[], list[object]]:
     def hook(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        seen: set[int] = set()
         for value, is_output in ((args, False), (kwargs, False), (output, True)):
             for tensor in _tensors(value):
-                if id(tensor) not in seen:
-                    seen.add(id(tensor))
+                key = (id(tensor), tensor._version)
+                if key not in seen:  # as graphtrace: a tensor met again unchanged (the next call's input) once
+                    seen[key] = tensor  # (kept alive, so that its id is not reused within the forward)
                     kept.append(work(tensor, is_output))
 
     kept: list[object] = []
+    seen: dict[tuple[int, int], torch.Tensor] = {}
 
     def run() -> list[object]:
         kept.clear()
+        seen.clear()
         handles = [module.register_forward_hook(hook, with_kwargs=True) for module in model.modules()]
         try:
             with torch.no_grad():
