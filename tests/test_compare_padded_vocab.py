@@ -66,3 +66,51 @@ def test_a_padded_vocabulary_cut_by_the_caller_is_no_departure(tmp_path: Path, v
             continue
         first = result.first_divergence  # the rows are wrong in the part the model keeps: the head departs
         assert first is not None and first.b.path == f"PaddedGPT.{name}", result.table()
+
+
+class _Head(torch.nn.Module):
+    def __init__(self, dim: int, vocab: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(dim)
+        self.proj = torch.nn.Linear(dim, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.norm(x))
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, dim: int, vocab: int, padded: int) -> None:
+        super().__init__()
+        self.emb = torch.nn.Linear(dim, dim)
+        self.head = _Head(dim, padded)
+        self.vocab = vocab
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.emb(x))[..., : self.vocab]
+
+
+@pytest.mark.parametrize("values", ["repr", "none"])
+def test_a_padding_nested_in_a_head_module_is_unread_too(tmp_path: Path, values: str) -> None:
+    # the port's head module and its projection both return the padded logits: the projection's caller (the head)
+    # departs only by its own unread padding, so it agrees for the projection too
+    torch.manual_seed(0)
+    a = _Model(16, 40, 40).eval()
+    x = torch.randn(2, 5, 16)
+    for bug in (False, True):
+        b = _Model(16, 40, 64).eval()
+        with torch.no_grad():
+            for own, parameter in b.state_dict().items():
+                source = a.state_dict()[own]
+                parameter.zero_()
+                parameter[: source.shape[0]].copy_(source)
+            if bug:
+                b.head.proj.weight[:40].mul_(1.5)
+            assert torch.allclose(a(x), b(x), atol=1e-6) != bug
+        graphtrace.capture(a, x, path=tmp_path / f"a{bug}", values=values)
+        graphtrace.capture(b, x, path=tmp_path / f"b{bug}", values=values)
+        result = graphtrace.compare(tmp_path / f"a{bug}", tmp_path / f"b{bug}")
+        if not bug:
+            assert result.equal, result.table()
+            continue
+        first = result.first_divergence
+        assert first is not None and first.b.path == "_Model.head.proj", result.table()

@@ -405,11 +405,30 @@ def taught_layouts(
 def unread_padding(calls: Sequence[CallDiff], caller: Callable[[CallNode], CallDiff | None]) -> list[CallDiff]:
     """``calls``, those whose only departure is an output B pads along one dimension (compared without values)
     made unchecked where their caller agrees: what the port added is never read (the logits of a head over a padded
-    vocabulary, cut back by the model). Under a caller that departs, the padding stays a departure."""
+    vocabulary, cut back by the model). A caller whose own padding is unread agrees too (a head module whose
+    projection pads, under a model that cuts). Under a caller that departs, the padding stays a departure."""
+    unread: dict[int, bool] = {}
+
+    def is_unread(call: CallDiff) -> bool:
+        chain: list[CallDiff] = []  # padded-only calls up to one whose answer is known (iterative: deep nests)
+        node: CallDiff | None = call
+        verdict = False
+        while node is not None and id(node.a) not in unread:
+            if not _padded_only(node):
+                verdict = node is not call and node.status == "equal"
+                break
+            chain.append(node)
+            unread[id(node.a)] = False  # a cycle in a hostile trace ends here
+            node = caller(node.a)
+        else:
+            verdict = node is not None and unread[id(node.a)]
+        for link in reversed(chain):
+            unread[id(link.a)] = verdict
+        return unread.get(id(call.a), False)
+
     kept = []
     for call in calls:
-        diverged = [d for d in call.outputs if d.status == "diverged"]
-        if diverged and call.error is None and all(d.padded for d in diverged) and _caller_agrees(caller(call.a)):
+        if is_unread(call):
             outputs = tuple(
                 dataclasses.replace(
                     d, status="unchecked", reason=f"{d.reason}: B's padding, unread (its caller agrees)"
@@ -421,6 +440,12 @@ def unread_padding(calls: Sequence[CallDiff], caller: Callable[[CallNode], CallD
             call = dataclasses.replace(call, outputs=outputs)
         kept.append(call)
     return kept
+
+
+def _padded_only(call: CallDiff) -> bool:
+    """Whether a call's only departure is an output B pads (compared without values)."""
+    diverged = [d for d in call.outputs if d.status == "diverged"]
+    return bool(diverged) and call.error is None and all(d.padded for d in diverged)
 
 
 def _code(call: CallDiff) -> tuple[str, str]:
