@@ -176,3 +176,29 @@ def test_the_orders_of_dims_of_one_size_are_generated_lazily_and_capped() -> Non
     assert orders[0] == (*range(1, 13), 0)  # dims of one size first keep their order
     assert dims_orders((2, 3, 3, 4), (2, 4, 3, 3)) == [(0, 2, 3, 1), (0, 3, 2, 1)]
     assert dims_orders((5, 3, 4), (4, 5, 3)) == [(1, 2, 0)] and dims_orders((2, 3), (2, 3)) == []
+
+
+def test_padding_up_to_size_one_dims_in_front_and_never_of_an_empty_tensor() -> None:
+    def record(shape: tuple[int, ...]) -> TensorRecord:
+        return TensorRecord(shape=shape, dtype="torch.float32", stats=Stats(0.0, 1.0, -1.0, 1.0))
+
+    logits = torch.randn(1, 5, 40)
+    # a vLLM style head over the tokens flattened, its vocabulary padded: [5, 64] for [1, 5, 40]
+    flat = torch.cat([logits[0], torch.zeros(5, 24)], dim=-1)
+    by_stats = measure("o", record((1, 5, 40)), "o", record((5, 64)), Tolerance())
+    assert by_stats.status == "diverged" and by_stats.padded, by_stats
+    by_values = measure("o", record((1, 5, 40)), "o", record((5, 64)), Tolerance(), (logits, flat))
+    assert by_values.status == "equal" and "padded from 40 to 64" in by_values.equivalence, by_values
+    # padded in front (reserved ids first): the last entries are A's
+    front = torch.cat([torch.zeros(1, 5, 24), logits], dim=-1)
+    by_values = measure("o", record((1, 5, 40)), "o", record((1, 5, 64)), Tolerance(), (logits, front))
+    assert by_values.status == "equal" and "its last 40 compared" in by_values.equivalence, by_values
+    wrong = front.clone()
+    wrong[0, 0, -1] += 1.0
+    by_values = measure("o", record((1, 5, 40)), "o", record((1, 5, 64)), Tolerance(), (logits, wrong))
+    assert by_values.status == "diverged" and by_values.outside == 1, by_values
+    # an empty tensor shares nothing with B's: no padding, a departure
+    for shape in ((0,), (2, 0)):
+        full = (*shape[:-1], 5)
+        empty = measure("o", record(shape), "o", record(full), Tolerance(), (torch.zeros(shape), torch.randn(full)))
+        assert empty.status == "diverged" and not empty.padded, empty

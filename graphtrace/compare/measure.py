@@ -669,11 +669,24 @@ def _join(first: str, second: str) -> str:
 
 def padding(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int] | None:
     """``(dim, size)`` when ``b`` is ``a`` with one dimension made larger (nanoGPT and litgpt pad the vocabulary of
-    their head, 50257 to 50304, and cut the logits after): the first ``size`` entries along ``dim`` are A's."""
+    their head, 50257 to 50304, and cut the logits after), up to size-1 dims (a vLLM style port's head over its
+    tokens flattened, ``[T, V']`` for ``[1, T, V]``): ``dim`` is B's, along which ``size`` entries are A's (the
+    first, or the last where a port pads in front)."""
+    found = _padded_dim(a, b)
+    if found is not None:
+        return found
+    found = _padded_dim(squeezed(a), squeezed(b))
+    if found is None:
+        return None
+    dim, size = found
+    return [k for k, n in enumerate(b) if n != 1][dim], size
+
+
+def _padded_dim(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int] | None:
     if len(a) != len(b):
         return None
     apart = [dim for dim, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
-    if len(apart) != 1 or b[apart[0]] < a[apart[0]]:
+    if len(apart) != 1 or not 0 < a[apart[0]] < b[apart[0]]:  # an empty tensor shares nothing to compare
         return None
     return apart[0], a[apart[0]]
 
@@ -713,9 +726,28 @@ def measure(
             pad = padding(a.shape, b.shape)
             if pad is not None and values is not None:  # compared on what the two hold alike
                 dim, size = pad
-                base["equivalence"] = f"B's dim {dim} padded from {size} to {b.shape[dim]}: its first {size} compared"
                 ta, tb = values
-                return _from_values(ta, tb.narrow(dim, 0, size), base, normwise=tolerance.atol is None, layout=layout)
+                normwise = tolerance.atol is None
+                padded = f"B's dim {dim} padded from {size} to {b.shape[dim]}"
+                first = _from_values(
+                    ta,
+                    tb.narrow(dim, 0, size),
+                    {**base, "equivalence": f"{padded}: its first {size} compared"},
+                    normwise=normwise,
+                    layout=layout,
+                )
+                if first.status != "diverged":
+                    return first
+                last = _from_values(  # padded in front (reserved ids first, a causal conv's frames cut from the left)
+                    ta,
+                    tb.narrow(dim, b.shape[dim] - size, size),
+                    {**base, "equivalence": f"{padded}: its last {size} compared"},
+                    normwise=normwise,
+                    layout=layout,
+                )
+                if last.status != "diverged":
+                    return last
+                return min((first, last), key=lambda d: d.outside or 0)  # the nearer alignment tells the departure
             reason = f"shape {list(a.shape)} vs {list(b.shape)}"
             return TensorDiff(**base, basis="none", status="diverged", reason=reason, padded=pad is not None)
         if split:
