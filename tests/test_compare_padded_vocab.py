@@ -114,3 +114,21 @@ def test_a_padding_nested_in_a_head_module_is_unread_too(tmp_path: Path, values:
             continue
         first = result.first_divergence
         assert first is not None and first.b.path == "_Model.head.proj", result.table()
+
+
+@pytest.mark.parametrize("values", ["safetensors", "none"])
+def test_a_padded_vocabulary_the_model_returns_uncut_is_a_departure(tmp_path: Path, values: str) -> None:
+    # the padded logits are the model's own output, read as they are: equal on the entries both hold is not enough
+    torch.manual_seed(0)
+    a = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 40)).eval()
+    b = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 64)).eval()
+    with torch.no_grad():
+        for own, parameter in b.state_dict().items():
+            source = a.state_dict()[own]
+            parameter.zero_()
+            parameter[: source.shape[0]].copy_(source)
+    x = torch.randn(2, 5, 16)
+    graphtrace.capture(a, x, path=tmp_path / "a", values=values)
+    graphtrace.capture(b, x, path=tmp_path / "b", values=values)
+    result = graphtrace.compare(tmp_path / "a", tmp_path / "b")
+    assert not result.equal, result.table()

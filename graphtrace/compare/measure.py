@@ -17,6 +17,7 @@ their methods are used.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
@@ -229,12 +230,12 @@ class TensorDiff:
     reason: str = ""
     equivalence: str = ""
     layout: str = ""
-    padded: bool = False
-    """B's tensor is A's padded along one dimension (:func:`padding`), and there were no values to compare the part
-    they share: whether the padding matters is for the caller to tell (a head over a padded vocabulary whose logits
-    the model cuts back)."""
     """The re-ordering of the last dimension allowed for ("" none): one of :func:`_last_dim_permutations`'
     descriptions, or :data:`PERMUTED`."""
+    padded: bool = False
+    """B's tensor is A's padded along one dimension (:func:`padding`), and either there were no values to compare the
+    part they share (diverged), or that part agrees: whether the padding matters is for the caller to tell (a head
+    over a padded vocabulary whose logits the model cuts back; the model's own output is read as it is)."""
 
     @property
     def numel(self) -> int:
@@ -737,7 +738,7 @@ def measure(
                     layout=layout,
                 )
                 if first.status != "diverged":
-                    return first
+                    return dataclasses.replace(first, padded=True)
                 last = _from_values(  # padded in front (reserved ids first, a causal conv's frames cut from the left)
                     ta,
                     tb.narrow(dim, b.shape[dim] - size, size),
@@ -746,7 +747,7 @@ def measure(
                     layout=layout,
                 )
                 if last.status != "diverged":
-                    return last
+                    return dataclasses.replace(last, padded=True)
                 return min((first, last), key=lambda d: d.outside or 0)  # the nearer alignment tells the departure
             reason = f"shape {list(a.shape)} vs {list(b.shape)}"
             return TensorDiff(**base, basis="none", status="diverged", reason=reason, padded=pad is not None)

@@ -428,7 +428,20 @@ def unread_padding(calls: Sequence[CallDiff], caller: Callable[[CallNode], CallD
 
     kept = []
     for call in calls:
-        if is_unread(call):
+        if call.error is None and caller(call.a) is None and any(d.padded for d in call.outputs):
+            # the model's own output, or a call no matched caller reads: its padding is read as it is
+            outputs = tuple(
+                dataclasses.replace(
+                    d,
+                    status="diverged",
+                    reason=f"shape {list(d.shape_a)} vs {list(d.shape_b)}: B's padding, returned by the model",
+                )
+                if d.padded
+                else d
+                for d in call.outputs
+            )
+            call = dataclasses.replace(call, outputs=outputs)
+        elif is_unread(call):
             outputs = tuple(
                 dataclasses.replace(
                     d, status="unchecked", reason=f"{d.reason}: B's padding, unread (its caller agrees)"
