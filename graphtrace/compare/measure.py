@@ -692,6 +692,20 @@ def _padded_dim(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int] | Non
     return apart[0], a[apart[0]]
 
 
+def _base(name_a: str, a: TensorRecord, name_b: str, b: TensorRecord, rtol: float, atol: float) -> dict[str, Any]:
+    """The fields every :class:`TensorDiff` of the pair shares."""
+    return {
+        "name_a": name_a,
+        "name_b": name_b,
+        "shape_a": a.shape,
+        "shape_b": b.shape,
+        "dtype_a": a.dtype,
+        "dtype_b": b.dtype,
+        "rtol": rtol,
+        "atol": atol,
+    }
+
+
 def measure(
     name_a: str,
     a: TensorRecord,
@@ -707,17 +721,7 @@ def measure(
     ``any_dims_order`` (the model's own output, which its caller reads as it is laid out), the same dims in another
     order are another shape. ``layout``: the only re-ordering of the last dimension allowed for ("" none; None any
     that makes the values equal)."""
-    rtol, atol = tolerance.for_dtypes(a.dtype, b.dtype)
-    base: dict[str, Any] = {
-        "name_a": name_a,
-        "name_b": name_b,
-        "shape_a": a.shape,
-        "shape_b": b.shape,
-        "dtype_a": a.dtype,
-        "dtype_b": b.dtype,
-        "rtol": rtol,
-        "atol": atol,
-    }
+    base = _base(name_a, a, name_b, b, *tolerance.for_dtypes(a.dtype, b.dtype))
     orders: list[tuple[int, ...]] = []
     split = False
     if a.shape != b.shape:
@@ -830,16 +834,7 @@ def measure_masks(
     they keep, broadcast to one shape; a boolean mask may mark the kept positions or the masked ones (SDPA's
     ``attn_mask`` against ``masked_fill``), so either reading that matches is equal. Statistics cannot tell patterns
     apart: without both values the pair is unchecked."""
-    base: dict[str, Any] = {
-        "name_a": name_a,
-        "name_b": name_b,
-        "shape_a": a.shape,
-        "shape_b": b.shape,
-        "dtype_a": a.dtype,
-        "dtype_b": b.dtype,
-        "rtol": 0.0,
-        "atol": 0.0,
-    }
+    base = _base(name_a, a, name_b, b, 0.0, 0.0)
     shape = broadcastable(a.shape, b.shape)
     kept = None if values is None or shape is None else (_kept(values[0], a.dtype), _kept(values[1], b.dtype))
     if shape is None or kept is None or kept[0] is None or kept[1] is None:

@@ -430,29 +430,23 @@ def unread_padding(calls: Sequence[CallDiff], caller: Callable[[CallNode], CallD
     for call in calls:
         if call.error is None and caller(call.a) is None and any(d.padded for d in call.outputs):
             # the model's own output, or a call no matched caller reads: its padding is read as it is
-            outputs = tuple(
-                dataclasses.replace(
-                    d,
-                    status="diverged",
-                    reason=f"shape {list(d.shape_a)} vs {list(d.shape_b)}: B's padding, returned by the model",
-                )
-                if d.padded
-                else d
-                for d in call.outputs
+            call = _restated_padding(
+                call,
+                "diverged",
+                lambda d: f"shape {list(d.shape_a)} vs {list(d.shape_b)}: B's padding, returned by the model",
             )
-            call = dataclasses.replace(call, outputs=outputs)
         elif is_unread(call):
-            outputs = tuple(
-                dataclasses.replace(
-                    d, status="unchecked", reason=f"{d.reason}: B's padding, unread (its caller agrees)"
-                )
-                if d.padded
-                else d
-                for d in call.outputs
+            call = _restated_padding(
+                call, "unchecked", lambda d: f"{d.reason}: B's padding, unread (its caller agrees)"
             )
-            call = dataclasses.replace(call, outputs=outputs)
         kept.append(call)
     return kept
+
+
+def _restated_padding(call: CallDiff, status: Status, reason: Callable[[TensorDiff], str]) -> CallDiff:
+    """``call`` with each padded output given ``status`` and ``reason(output)``."""
+    outputs = tuple(dataclasses.replace(d, status=status, reason=reason(d)) if d.padded else d for d in call.outputs)
+    return dataclasses.replace(call, outputs=outputs)
 
 
 def _padded_only(call: CallDiff) -> bool:
