@@ -8,7 +8,8 @@ from __future__ import annotations
 from torch import nn
 
 from graphtrace.engine.eager import PatchLedger, attach_eager
-from graphtrace.engine.recorder import Recorder, ValueSink
+from graphtrace.engine.frame import ValueSink
+from graphtrace.engine.recorder import Recorder
 
 __all__ = ["PatchLedger", "Recorder", "ValueSink", "attach"]
 

@@ -15,7 +15,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from graphtrace.engine.recorder import Frame, Recorder
+from graphtrace.engine.frame import Frame
+from graphtrace.engine.recorder import Recorder
 
 __all__ = ["PatchLedger", "attach_eager", "module_paths", "without_grad"]
 

@@ -21,7 +21,7 @@ from graphtrace.model import CallNode, TensorRecord, Value, is_layer_block, numb
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from graphtrace.engine.recorder import Frame, ValueSink
+    from graphtrace.engine.frame import Frame, ValueSink
 
 __all__ = ["LayerBlockDeferral"]
 

@@ -13,51 +13,23 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
 from graphtrace.engine.caches import StepCache, find_cache
 from graphtrace.engine.collector import CollectorPause
+from graphtrace.engine.frame import Frame, ValueSink
 from graphtrace.engine.layer_pruning import LayerBlockDeferral
 from graphtrace.engine.stats import NO_STATS, TensorSummary, row_sketch, summarize
 from graphtrace.errors import describe_error
 from graphtrace.model import CallKind, CallNode, DTensorInfo, SourceLine, StepInfo, TensorRecord, Value
 from graphtrace.reprs import sanitize_repr, spec_printoptions
 
-__all__ = ["Frame", "Recorder", "ValueSink"]
+__all__ = ["Recorder"]
 
 _PLAIN_SCALARS = frozenset({type(None), bool, int, float, str})
-
-
-class ValueSink(Protocol):
-    """Where full tensor values go (implemented in ``graphtrace.io.tensors``). ``per_name`` is False when the stored
-    value depends only on the tensor's contents, so the recorder may reuse it for an unchanged tensor seen again.
-    ``linewidth`` is the print width transformers has in this mode when it takes the ``repr`` of other objects."""
-
-    per_name: bool
-    linewidth: int | None
-
-    def store(self, tensor: torch.Tensor, name: str) -> tuple[Sequence[str] | None, str | None]:
-        """Keep ``tensor``'s value under ``name``; return ``(repr_lines, None)`` or ``(None, relative_file)``."""
-        ...
-
-    def snapshot(self, tensor: torch.Tensor, name: str) -> Any:
-        """What :meth:`store_snapshot` needs to store ``tensor``'s value later (a layer block pruning may drop)."""
-        ...
-
-    def store_snapshot(self, snapshot: Any, name: str) -> tuple[Sequence[str] | None, str | None]:
-        """:meth:`store` of a value taken by :meth:`snapshot`."""
-        ...
-
-    def finish(self) -> None:
-        """The step's values are complete (files on disk)."""
-        ...
-
-    def close(self) -> None:
-        """:meth:`finish`, and stop writing for good."""
-        ...
 
 
 class _Seen:
@@ -73,49 +45,6 @@ class _Seen:
         self.record = record
         self.stored: TensorRecord | None = None
         self.producer: str | None = None
-
-
-class Frame:
-    """A call in progress."""
-
-    __slots__ = (
-        "path",
-        "index",
-        "name",
-        "id",
-        "type_name",
-        "leaf",
-        "strategy",
-        "root",
-        "args",
-        "kwargs",
-        "children",
-        "inputs_from",
-        "kind",
-        "structural",
-        "source",
-    )
-
-    def __init__(
-        self, path: str, index: int, type_name: str, leaf: bool, strategy: str, root: bool, kind: CallKind = "module"
-    ) -> None:
-        self.path = path
-        self.index = index
-        # The prefix of this call's file names: the first call keeps the reference's name, later calls get "@N" so
-        # that no call overwrites another's tensors.
-        self.name = path if index == 0 else f"{path}@{index}"
-        self.id = f"{path}@{index}"  # as CallNode.id: what data flow names a call by
-        self.type_name = type_name
-        self.leaf = leaf
-        self.strategy = strategy
-        self.root = root
-        self.args: tuple[Value, ...] = ()
-        self.kwargs: Mapping[str, Value] = {}
-        self.children: list[CallNode] = []
-        self.inputs_from: list[str] = []
-        self.kind = kind
-        self.structural = False  # outside the modules selected for recording: kept only as an ancestor of them
-        self.source: SourceLine | None = None
 
 
 def _dtensor_info(value: Any) -> DTensorInfo | None:

@@ -26,13 +26,14 @@ from typing import Any
 from torch import nn
 
 from graphtrace.engine.eager import PatchLedger, make_wrapper, module_paths
+from graphtrace.engine.frame import Frame
 from graphtrace.engine.fx.lockstep import Lockstep
 from graphtrace.engine.fx.plans import PLANS_PER_MODULE, PlanStore, module_keys, store_for
 from graphtrace.engine.fx.replay import Replay
 from graphtrace.engine.fx.signature import CONSTANT, Signature, signature
 from graphtrace.engine.fx.structural_replay import StructuralReplay
 from graphtrace.engine.fx.tracer import Plan, TraceContext, trace_module
-from graphtrace.engine.recorder import Frame, Recorder
+from graphtrace.engine.recorder import Recorder
 from graphtrace.errors import describe_error
 
 __all__ = ["PLANS_PER_MODULE", "FxEngine", "attach_fx"]

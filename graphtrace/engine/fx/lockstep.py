@@ -19,8 +19,8 @@ from typing import Any
 
 from torch import fx, nn
 
+from graphtrace.engine.frame import Frame
 from graphtrace.engine.fx.tracer import Plan
-from graphtrace.engine.recorder import Frame
 
 __all__ = ["END", "Lockstep", "add_flows"]
 

@@ -23,11 +23,12 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from graphtrace.engine.frame import Frame
 from graphtrace.engine.fx.containers import unflatten
 from graphtrace.engine.fx.guard import Refused, ReplayGuard, difference, tensors_in
 from graphtrace.engine.fx.lockstep import END, Lockstep
 from graphtrace.engine.fx.tracer import STRUCTURAL_OPS, Plan, impurity
-from graphtrace.engine.recorder import Frame, Recorder
+from graphtrace.engine.recorder import Recorder
 from graphtrace.errors import describe_error
 
 __all__ = ["Replay"]

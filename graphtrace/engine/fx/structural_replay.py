@@ -22,12 +22,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from graphtrace.engine.frame import Frame
 from graphtrace.engine.fx.containers import flatten
 from graphtrace.engine.fx.graph_flow import CALL
 from graphtrace.engine.fx.guard import tensors_in
 from graphtrace.engine.fx.lockstep import END, Lockstep
 from graphtrace.engine.fx.tracer import UNKNOWN, Plan
-from graphtrace.engine.recorder import Frame, Recorder
+from graphtrace.engine.recorder import Recorder
 
 __all__ = ["StructuralReplay"]
 
