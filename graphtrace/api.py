@@ -29,6 +29,7 @@ from graphtrace.coverage import describe_fallbacks
 from graphtrace.engine import PatchLedger, Recorder, attach
 from graphtrace.engine.collector import CollectorPause
 from graphtrace.engine.distributed import current_rank, world_size
+from graphtrace.engine.eager import forward_hooks, module_paths, parameter_counts
 from graphtrace.errors import FxCaptureError, InvalidInputsError, InvalidModelError, InvalidOptionError, OutputPathError
 from graphtrace.io.safe_paths import make_subdirectory
 from graphtrace.io.tensors import BundleSink, ReprSink, SafetensorsSink
@@ -165,6 +166,7 @@ class Session:
         )
         self._attachment: AbstractContextManager[dict[str, str]] | None = None
         self._fallbacks: dict[str, str] = {}
+        self._hooks: dict[str, tuple[str, ...]] = {}
         self._saving = False
         # capture()'s one call: the collector waits from patching to saving (see engine/collector.py)
         self._collector = CollectorPause()
@@ -198,6 +200,7 @@ class Session:
         if self.single_call:
             self._collector.hold()
         try:
+            self._hooks = {path: hooks for path, module in module_paths(self.model) if (hooks := forward_hooks(module))}
             attachment = recording(self.model, self._recorder, strategy=self.strategy, ops=self.ops)
             self._progress.start()
             try:
@@ -352,6 +355,8 @@ class Session:
             fallbacks=dict(self._fallbacks),
             directory=directory,
             step_info=tuple(recorder.step_info),
+            parameters=parameter_counts(self.model),
+            hooks=self._hooks,
         )
 
 
@@ -474,11 +479,18 @@ def capture(
 
 @contextmanager
 def recording(
-    model: nn.Module, recorder: Recorder, *, strategy: str = "eager", ops: bool = False, root_no_grad: bool = True
+    model: nn.Module,
+    recorder: Recorder,
+    *,
+    strategy: str = "eager",
+    ops: bool = False,
+    root_no_grad: bool = True,
+    after_hooks: bool = True,
 ) -> Iterator[dict[str, str]]:
     """``model``'s calls reach ``recorder`` inside the block; yields the fx fallbacks (module path -> reason), filled
     as the model runs. The one wiring of every capture (capture(), tracing(), the transformers shim): the model is
-    claimed for this thread, captures run one at a time, and every patch is put back on exit, also on error."""
+    claimed for this thread, captures run one at a time, and every patch is put back on exit, also on error. With
+    ``after_hooks`` (all but the shim), a call is recorded as its caller sees it, after its forward hooks."""
     _claim(model)
     try:
         with _ONE_CAPTURE:
@@ -487,7 +499,15 @@ def recording(
             try:
                 recorder.collector.hold()  # the wrappers live as long as the capture: no collection scans them now
                 try:
-                    fallbacks = attach(model, recorder, ledger, strategy=strategy, ops=ops, root_no_grad=root_no_grad)
+                    fallbacks = attach(
+                        model,
+                        recorder,
+                        ledger,
+                        strategy=strategy,
+                        ops=ops,
+                        root_no_grad=root_no_grad,
+                        after_hooks=after_hooks,
+                    )
                 finally:
                     recorder.collector.release()
                 yield fallbacks

@@ -11,6 +11,10 @@ files are named ``{module_path}@{n}_...``); a keyword argument named ``value`` s
 raises still writes the calls recorded so far, with the failing call marked; and on exit every module's
 ``forward``, the model's attributes and torch's print options are exactly as they were.
 
+Where transformers' files cannot say more, this one does not either: a module's output is recorded as its
+``forward`` returned it, before its forward hooks run (``capture()`` records what the caller received, and marks
+the modules with hooks in graphtrace's own file, which the shim does not write).
+
 What transformers writes, this writes too, even where ``capture()`` is cheaper: with ``do_prune_layers`` and
 ``use_repr=False``, the layer blocks pruned from the JSON still get their ``.safetensors`` files (scripts load
 them). The options take what transformers' take: ``do_prune_layers`` and ``use_repr`` are read for their truth
@@ -73,7 +77,8 @@ def model_addition_debugger_context(
     # files are written for every block, as transformers writes them.
     recorder = Recorder(sink, on_step=write_step, keep_steps=False, prune_layers=prune and use_repr)
     try:
-        with recording(model, recorder, root_no_grad=False):  # transformers' context leaves grad mode alone
+        # transformers' context leaves grad mode alone, and records outputs before forward hooks run
+        with recording(model, recorder, root_no_grad=False, after_hooks=False):
             yield model
     finally:
         sink.close()

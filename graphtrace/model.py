@@ -310,7 +310,9 @@ class Trace:
     ``fallbacks`` maps a module path to the reason torch.fx could not serve it. ``directory`` is where the trace's
     files live once saved or streamed (safetensors values are relative to it). ``step_info`` holds one
     :class:`StepInfo` per step (prefill or decode, the cache after it); it is empty for traces read from
-    transformers' files.
+    transformers' files. ``parameters`` maps a module path to the parameter elements the module holds (its
+    submodules' included; modules without any left out); ``hooks`` maps the path of a module with forward hooks or
+    forward pre-hooks to their names: its calls hold what its caller passed and received, hooks applied.
     """
 
     steps: tuple[CallNode, ...]
@@ -318,6 +320,8 @@ class Trace:
     fallbacks: Mapping[str, str] = field(default_factory=dict)
     directory: str | None = None
     step_info: tuple[StepInfo, ...] = ()
+    parameters: Mapping[str, int] = field(default_factory=dict)
+    hooks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def root(self) -> CallNode:
@@ -359,8 +363,17 @@ class Trace:
         return coverage_of(self)
 
     def with_pruned_layers(self) -> Trace:
-        """A copy in which every run of more than two layer blocks keeps only its first and last (as transformers)."""
-        return dataclasses.replace(self, steps=tuple(prune_layer_blocks(step) for step in self.steps))
+        """A copy in which every run of more than two layer blocks keeps only its first and last (as transformers);
+        what it says about modules (fallbacks, parameters, hooks) is kept for the modules still in it."""
+        steps = tuple(prune_layer_blocks(step) for step in self.steps)
+        kept = {node.path for step in steps for node in step.walk()}
+        return dataclasses.replace(
+            self,
+            steps=steps,
+            fallbacks={path: reason for path, reason in self.fallbacks.items() if path in kept},
+            parameters={path: count for path, count in self.parameters.items() if path in kept},
+            hooks={path: names for path, names in self.hooks.items() if path in kept},
+        )
 
     # Conveniences served by the layers that own them (io, render, compare), which the package's top layer offers
     # here on import (graphtrace/conveniences.py): the data model imports nothing above it.

@@ -22,18 +22,21 @@ def attach(
     strategy: str,
     ops: bool,
     root_no_grad: bool,
+    after_hooks: bool = True,
 ) -> dict[str, str]:
     """Make ``model``'s calls reach ``recorder``; every patch goes through ``ledger``. Returns the fallbacks (module
     path -> why torch.fx did not serve it), filled as the model runs. With ``ops``, the op tier (engine/ops.py)
-    records the ops of every module call during the real forward, whichever engine serves the module."""
+    records the ops of every module call during the real forward, whichever engine serves the module. With
+    ``after_hooks``, a module's call is recorded as its caller sees it, around its forward hooks (engine/eager.py);
+    without, around its forward alone, as transformers records it."""
     if strategy == "eager":
-        attach_eager(model, recorder, ledger, root_no_grad=root_no_grad)
+        attach_eager(model, recorder, ledger, root_no_grad=root_no_grad, after_hooks=after_hooks)
         fallbacks: dict[str, str] = {}
         tracing = None
     else:
         from graphtrace.engine.fx import attach_fx  # torch.fx loads only when asked for
 
-        engine = attach_fx(model, recorder, ledger, root_no_grad=root_no_grad)
+        engine = attach_fx(model, recorder, ledger, root_no_grad=root_no_grad, after_hooks=after_hooks)
         fallbacks, tracing = engine.fallbacks, engine.tracing
     if ops:
         from graphtrace.engine.ops import OpTier

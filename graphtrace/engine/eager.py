@@ -3,6 +3,12 @@
 This is transformers' own strategy and the fallback of the fx engine for modules torch.fx cannot trace. Every patch
 goes through a :class:`PatchLedger` and is undone, in reverse order, when capture ends, also when the forward raised:
 afterwards a module has exactly the ``forward`` it had (no instance attribute where there was none).
+
+A module with forward hooks or forward pre-hooks (its own or torch's global ones, present when capture starts) is
+recorded around ``nn.Module.__call__``'s body instead (``_call_impl``: pre-hooks, forward, hooks), so that its call
+holds what its caller passed and what ``module(x)`` returned after the hooks changed it (quantization, adapters, a
+probe). transformers' debugger records around ``forward``, before the hooks; its shim keeps doing so
+(``after_hooks=False``) so that its files stay transformers' exactly.
 """
 
 from __future__ import annotations
@@ -18,7 +24,15 @@ from torch import nn
 from graphtrace.engine.frame import Frame
 from graphtrace.engine.recorder import Recorder
 
-__all__ = ["PatchLedger", "attach_eager", "module_paths", "without_grad"]
+__all__ = [
+    "PatchLedger",
+    "attach_eager",
+    "entry_point",
+    "forward_hooks",
+    "module_paths",
+    "parameter_counts",
+    "without_grad",
+]
 
 _MISSING = object()
 
@@ -107,6 +121,46 @@ def is_leaf(module: nn.Module) -> bool:
         # what children() yields: the entries of _modules that are not None
         return all(child is None for child in module._modules.values())
     return next(iter(module.children()), None) is None
+
+
+def parameter_counts(model: nn.Module) -> dict[str, int]:
+    """The number of parameter elements each module holds, itself and its submodules (a tied weight once), by path;
+    modules without parameters are left out. Parameters a lazy module has not made yet do not count."""
+    counts = {}
+    for path, module in module_paths(model):
+        count = sum(p.numel() for p in module.parameters() if not isinstance(p, nn.parameter.UninitializedParameter))
+        if count:
+            counts[path] = count
+    return counts
+
+
+def forward_hooks(module: nn.Module) -> tuple[str, ...]:
+    """The forward pre-hooks and forward hooks that run when ``module`` is called, torch's global ones first (as they
+    run), each by its kind and name: ``("forward hook: Quantizer.dequantize",)``."""
+    from torch.nn.modules import module as torch_module  # torch's global hooks live there, mutated in place
+
+    kinds = (
+        ("forward pre-hook", torch_module._global_forward_pre_hooks, module._forward_pre_hooks),
+        ("forward hook", torch_module._global_forward_hooks, module._forward_hooks),
+    )
+    return tuple(
+        f"{kind}: {_callable_name(hook)}" for kind, *hooks in kinds for found in hooks for hook in found.values()
+    )
+
+
+def _callable_name(hook: Any) -> str:
+    function = getattr(hook, "func", hook)  # a functools.partial by what it calls
+    return str(getattr(function, "__qualname__", None) or type(function).__qualname__)
+
+
+def entry_point(module: nn.Module, after_hooks: bool) -> tuple[str, Callable[..., Any]]:
+    """The method that capture wraps on ``module`` (its name and current value): ``forward``; or, when ``after_hooks``
+    and hooks run around the module's forward, ``_call_impl`` (``nn.Module.__call__``'s body), so that the call is
+    recorded as its caller sees it. A compiled module (``module.compile()``) keeps ``forward``: its calls go through
+    its compiled body."""
+    if after_hooks and module._compiled_call_impl is None and forward_hooks(module):
+        return "_call_impl", module._call_impl
+    return "forward", module.forward
 
 
 def without_grad(forward: Callable[..., Any]) -> Callable[..., Any]:
@@ -227,9 +281,11 @@ def attach_eager(
     ledger: PatchLedger,
     *,
     root_no_grad: bool,
+    after_hooks: bool = True,
     only: set[str] | None = None,
 ) -> None:
-    """Wrap the forward of ``model`` and of every submodule (or only of the paths in ``only``).
+    """Wrap the forward of ``model`` and of every submodule (or only of the paths in ``only``); with
+    ``after_hooks``, a module with hooks is wrapped around its hooks too (see :func:`entry_point`).
 
     Submodule calls always run under ``torch.no_grad()``; the root's own body does so when ``root_no_grad``
     (transformers leaves the root in the caller's grad mode).
@@ -238,7 +294,6 @@ def attach_eager(
         if only is not None and path not in only:
             continue
         is_root = module is model
-        wrapper = make_wrapper(
-            recorder, module, path, module.forward, root=is_root, no_grad=root_no_grad if is_root else True
-        )
-        ledger.set_instance_attr(module, "forward", wrapper)
+        name, call = entry_point(module, after_hooks)
+        wrapper = make_wrapper(recorder, module, path, call, root=is_root, no_grad=root_no_grad if is_root else True)
+        ledger.set_instance_attr(module, name, wrapper)

@@ -250,6 +250,8 @@ def _head_out(trace: Trace) -> dict[str, Any]:
         "meta": dataclasses.asdict(trace.meta),
         "fallbacks": dict(trace.fallbacks),
         "step_info": [_step_info_out(info) for info in trace.step_info],
+        "parameters": dict(trace.parameters),
+        "hooks": {path: list(names) for path, names in trace.hooks.items()},
     }
 
 
@@ -410,13 +412,23 @@ def trace_from_json(raw: Any, directory: str | None = None) -> Trace:
         steps = tuple(_node_in(step) for step in _typed(raw["steps"], list, "steps"))
         step_info = tuple(_step_info_in(info) for info in raw.get("step_info", ()))
         fallbacks = _fallbacks_in(raw.get("fallbacks", {}))
+        parameters = _parameters_in(raw.get("parameters", {}))
+        hooks = _hooks_in(raw.get("hooks", {}))
     except TraceFormatError:
         raise
     except (KeyError, TypeError, ValueError) as exc:
         raise TraceFormatError(f"malformed graphtrace trace file: {type(exc).__name__}: {exc}") from exc
     for step in steps:
         _check_unique_ids(step)
-    return Trace(steps=steps, meta=meta, fallbacks=fallbacks, directory=directory, step_info=step_info)
+    return Trace(
+        steps=steps,
+        meta=meta,
+        fallbacks=fallbacks,
+        directory=directory,
+        step_info=step_info,
+        parameters=parameters,
+        hooks=hooks,
+    )
 
 
 _META_TYPES = {"str": str, "bool": bool, "int": int}
@@ -435,6 +447,16 @@ def _meta_in(raw: Any) -> TraceMeta:
 def _fallbacks_in(raw: Any) -> dict[str, str]:
     fallbacks = _typed(raw, dict, "fallback reasons")
     return {path: _typed(reason, str, "fallback reason") for path, reason in fallbacks.items()}
+
+
+def _parameters_in(raw: Any) -> dict[str, int]:
+    counts = _typed(raw, dict, "parameter counts")
+    return {path: _count(count, "parameter count") for path, count in counts.items()}
+
+
+def _hooks_in(raw: Any) -> dict[str, tuple[str, ...]]:
+    hooks = _typed(raw, dict, "module hooks")
+    return {path: _strings(names, "hook name") for path, names in hooks.items()}
 
 
 def _check_unique_ids(step: CallNode) -> None:

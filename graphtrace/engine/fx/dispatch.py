@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-from graphtrace.engine.eager import PatchLedger, make_wrapper, module_paths
+from graphtrace.engine.eager import PatchLedger, entry_point, make_wrapper, module_paths
 from graphtrace.engine.frame import Frame
 from graphtrace.engine.fx.lockstep import Lockstep
 from graphtrace.engine.fx.plans import PLANS_PER_MODULE, PlanStore, module_keys, store_for
@@ -70,12 +70,21 @@ class FxEngine:
         self._replays.clear()
 
     def wrap(
-        self, module: nn.Module, path: str, forward: Callable[..., Any], *, root: bool, no_grad: bool
+        self,
+        module: nn.Module,
+        path: str,
+        forward: Callable[..., Any],
+        call: Callable[..., Any],
+        *,
+        root: bool,
+        no_grad: bool,
     ) -> Callable[..., Any]:
-        """A forward for ``module`` that records its calls (the eager engine's wrapper) and verifies them against its
-        graph (this engine, as the wrapper's :class:`~graphtrace.engine.eager.CallWatcher`)."""
+        """A replacement for ``call`` (``module``'s forward, or its ``_call_impl`` when hooks run around it) that
+        records its calls (the eager engine's wrapper) and verifies them against the graph of ``forward`` (this
+        engine, as the wrapper's :class:`~graphtrace.engine.eager.CallWatcher`): hooks that change what the call
+        returns make the graph deviate, and the module keeps eager capture."""
         self._forwards[id(module)] = forward
-        return make_wrapper(self.recorder, module, path, forward, root=root, no_grad=no_grad, watcher=self)
+        return make_wrapper(self.recorder, module, path, call, root=root, no_grad=no_grad, watcher=self)
 
     # -- the CallWatcher of every module's forward ----------------------------------------------------------------
 
@@ -197,9 +206,12 @@ def _capture_ended(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
     return "the capture had ended"
 
 
-def attach_fx(model: nn.Module, recorder: Recorder, ledger: PatchLedger, *, root_no_grad: bool) -> FxEngine:
-    """Install the fx engine's forwards on ``model`` and every submodule; returns the engine (its ``fallbacks``
-    fill as the model runs)."""
+def attach_fx(
+    model: nn.Module, recorder: Recorder, ledger: PatchLedger, *, root_no_grad: bool, after_hooks: bool = True
+) -> FxEngine:
+    """Install the fx engine's forwards on ``model`` and every submodule (around their hooks too, with
+    ``after_hooks``: :func:`~graphtrace.engine.eager.entry_point`); returns the engine (its ``fallbacks`` fill as
+    the model runs)."""
     paths = list(module_paths(model))
     store = store_for(model)
     keys = module_keys(model, store.canonical_keys)  # before any forward is patched
@@ -208,6 +220,8 @@ def attach_fx(model: nn.Module, recorder: Recorder, ledger: PatchLedger, *, root
     ledger.on_restore(engine.release)
     for path, module in paths:
         is_root = module is model
-        wrapper = engine.wrap(module, path, module.forward, root=is_root, no_grad=root_no_grad if is_root else True)
-        ledger.set_instance_attr(module, "forward", wrapper)
+        name, call = entry_point(module, after_hooks)
+        no_grad = root_no_grad if is_root else True
+        wrapper = engine.wrap(module, path, module.forward, call, root=is_root, no_grad=no_grad)
+        ledger.set_instance_attr(module, name, wrapper)
     return engine
