@@ -10,7 +10,7 @@ imported on first use, keeping ``import graphtrace`` cheap.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any, TextIO, Unpack
 
 import graphtrace.compare as compare_package
 from graphtrace.errors import InvalidOptionError
@@ -96,6 +96,12 @@ class _Services:
         from graphtrace.render import call_graph
 
         return call_graph(trace, **options)
+
+    @staticmethod
+    def show(trace: Trace, *, file: TextIO | None, **options: Any) -> None:
+        from graphtrace.render.text_tree import print_trace
+
+        print_trace(trace, file=file, **options)
 
     @staticmethod
     def html(value: Any) -> str:

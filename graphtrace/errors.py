@@ -18,6 +18,7 @@ __all__ = [
     "InvalidInputsError",
     "OutputPathError",
     "TraceFormatError",
+    "CallNotFoundError",
     "UnsupportedTensorError",
     "FxCaptureError",
     "GraphvizNotFoundError",
@@ -48,6 +49,19 @@ class OutputPathError(GraphtraceError, ValueError):
 
 class TraceFormatError(GraphtraceError, ValueError):
     """A saved trace is missing, malformed, or of an unknown schema version."""
+
+
+class CallNotFoundError(GraphtraceError, KeyError):
+    """A trace holds no call by the name asked for (``trace.find(...)``, ``--focus``); ``detail`` says what is there
+    instead (the closest paths, how many calls the module had). A KeyError, printed as a sentence."""
+
+    def __init__(self, name: str, detail: str) -> None:
+        super().__init__(f"{name!r}: {detail}")
+        self.name = name
+        self.detail = detail
+
+    def __str__(self) -> str:  # KeyError's own prints the repr of the message
+        return str(self.args[0])
 
 
 class UnsupportedTensorError(GraphtraceError, TypeError):

@@ -10,6 +10,7 @@ a ``tuple`` of values (lists and tuples alike) or a ``dict`` of values (dicts an
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 from collections import Counter
@@ -17,8 +18,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Union
 
+from graphtrace.errors import CallNotFoundError
+
 if TYPE_CHECKING:  # pragma: no cover - networkx is render's, imported there
     import os
+    from typing import TextIO
 
     import networkx as nx
 
@@ -39,6 +43,7 @@ __all__ = [
     "coverage_of",
     "is_layer_block",
     "iter_tensors",
+    "locate",
     "map_tensors",
     "offer_services",
     "services",
@@ -99,6 +104,27 @@ class TensorRecord:
     file: str | None = None
     dtensor: DTensorInfo | None = None
     sketch: tuple[float, ...] | None = None
+
+    def __repr__(self) -> str:
+        """One line, never the full value: ``TensorRecord([1, 7, 32] float32, mean 0.0123 std 0.998, 7 value
+        lines)``."""
+        parts = [self.brief()]
+        if self.device != "cpu":
+            parts[0] += f" on {self.device}"
+        if self.stats is not None:
+            stats = self.stats
+            parts.append(f"mean {stats.mean:.4g} std {stats.std:.4g} min {stats.min:.4g} max {stats.max:.4g}")
+        if not self.is_finite:
+            parts.append(f"nan {self.nan_count} inf {self.inf_count}")
+        if self.file is not None:
+            parts.append(f"file {self.file}")
+        elif self.value is not None:
+            parts.append(f"{len(self.value)} value lines")
+        return f"TensorRecord({', '.join(parts)})"
+
+    def brief(self) -> str:
+        """Shape and dtype as the tables print them: ``[1, 7, 32] float32``."""
+        return f"[{', '.join(map(str, self.shape))}] {self.dtype.removeprefix('torch.')}"
 
     @property
     def numel(self) -> int:
@@ -230,6 +256,21 @@ class CallNode:
     inputs_from: tuple[str, ...] = ()
     source: SourceLine | None = None
 
+    def __repr__(self) -> str:
+        """One line: ``CallNode(LlamaForCausalLM.model.layers.1.mlp@0, LlamaMLP, -> [1, 7, 32] float32, 4 calls
+        directly inside)``; its records and children are the attributes."""
+        parts = [self.id]
+        if self.type_name:
+            parts.append(self.type_name)
+        outputs = [record.brief() for _, record in self.output_tensors()]
+        if outputs:
+            parts.append("-> " + ", ".join(outputs[:3]) + (", ..." if len(outputs) > 3 else ""))
+        if self.error is not None:
+            parts.append(f"raised {self.error}")
+        if self.children:
+            parts.append(f"{len(self.children)} call{'s' if len(self.children) != 1 else ''} directly inside")
+        return f"CallNode({', '.join(parts)})"
+
     @property
     def id(self) -> str:
         return f"{self.path}@{self.index}"
@@ -338,12 +379,46 @@ class Trace:
         for step in self.steps:
             yield from step.walk()
 
+    def __repr__(self) -> str:
+        """One line (a trace's records are its attributes; :meth:`show` prints its calls):
+        ``Trace(LlamaForCausalLM, 1 forward call, 45 calls, directory='/tmp/llama')``."""
+        steps, calls = len(self.steps), sum(1 for _ in self.walk())
+        parts = [self.meta.model_class, f"{steps} forward call{'s' if steps != 1 else ''}", f"{calls} calls"]
+        if self.meta.world_size > 1:
+            parts.append(f"rank {self.meta.rank} of {self.meta.world_size}")
+        if self.directory is not None:
+            parts.append(f"directory={self.directory!r}")
+        return f"Trace({', '.join(parts)})"
+
     def find(self, path: str, index: int = 0, step: int = -1) -> CallNode:
-        """The ``index``-th call of ``path`` in ``step``; raises KeyError when there is none."""
-        for node in self.steps[step].walk():
-            if node.path == path and node.index == index:
-                return node
-        raise KeyError(f"no call {path}@{index} in step {step % len(self.steps)}")
+        """The ``index``-th call of ``path`` in ``step`` (the last by default). ``path`` is the trace's own
+        (``LlamaForCausalLM.model.layers.1.mlp``) or relative to the model, as ``diff``, ``--map`` and the tables print
+        it (``model.layers.1.mlp``); ``path@N`` names its N-th call. Raises :class:`~graphtrace.errors.
+        CallNotFoundError` (a KeyError) naming the closest paths when there is none."""
+        steps = len(self.steps)
+        if isinstance(step, bool) or not isinstance(step, int) or not -steps <= step < steps:
+            raise CallNotFoundError(
+                path, f"step {step!r} does not exist: the trace has {steps} forward call(s), 0..{steps - 1}."
+            )
+        return locate(self.steps[step], path if "@" in path or not index else f"{path}@{index}")
+
+    def show(
+        self,
+        *,
+        depth: int | None = None,
+        focus: str | None = None,
+        step: int | None = None,
+        ops: bool = False,
+        unfold: bool = False,
+        paths: bool = False,
+        file: TextIO | None = None,
+    ) -> None:
+        """Print the call tree, as ``graphtrace show`` prints it: repeated blocks folded (``unfold`` lists them), each
+        call's output shape, statistics and parameters; down to ``depth``, under the call ``focus`` names (a path as
+        :meth:`find` takes it), of one ``step``; op records listed with ``ops``; paths relative to the model instead
+        of short names with ``paths``. Prints to ``file`` (stdout)."""
+        options = {"depth": depth, "focus": focus, "step": step, "ops": ops, "unfold": unfold, "paths": paths}
+        services().show(self, file=file, **options)
 
     def failed_call(self) -> CallNode | None:
         """The innermost call that raised, following the last error from the root down; None when none raised."""
@@ -411,6 +486,7 @@ class Services(Protocol):
     def first_nonfinite(self, trace: Trace) -> CallNode | None: ...
     def call_graph(self, trace: Trace, **options: Any) -> nx.DiGraph: ...
     def html(self, value: Any) -> str: ...
+    def show(self, trace: Trace, *, file: TextIO | None, **options: Any) -> None: ...
 
 
 _SERVICES: list[Services] = []
@@ -425,6 +501,32 @@ def services() -> Services:
     if not _SERVICES:  # only when graphtrace.model was loaded without its package, which Python never does
         raise RuntimeError("graphtrace's conveniences are not loaded: import graphtrace")
     return _SERVICES[0]
+
+
+# -- finding a call by the name a user sees ----------------------------------------------------------------------------
+
+
+def locate(step: CallNode, name: str) -> CallNode:
+    """The call of ``step`` that ``name`` names: a path as the trace holds it or relative to the model
+    (``model.layers.1.mlp``), with ``@N`` for its N-th call (the first without). Raises
+    :class:`~graphtrace.errors.CallNotFoundError` naming the closest paths (as the user wrote them) when there is
+    none."""
+    path, _, number = name.rpartition("@") if "@" in name else (name, "", "0")
+    if not number.isdigit():
+        raise CallNotFoundError(name, "after '@' comes a call number (path@0, path@1, ...).")
+    relative = bool(path) and path != step.path and not path.startswith(step.path + ".")
+    wanted = f"{step.path}.{path}" if relative else path
+    calls = {node.index: node for node in step.walk() if node.path == wanted}
+    if int(number) in calls:
+        return calls[int(number)]
+    if calls:
+        raise CallNotFoundError(name, f"{path} was called {len(calls)} time(s); use @0..@{max(calls)}.")
+    known = list(dict.fromkeys(node.path for node in step.walk()))
+    if relative:
+        known = [found.partition(".")[2] for found in known if "." in found]
+    close = difflib.get_close_matches(path, known, n=3, cutoff=0.5)
+    hint = f" Did you mean {', '.join(close)}?" if close else " `graphtrace show` (or trace.show()) lists the calls."
+    raise CallNotFoundError(name, f"no such call in this step.{hint}")
 
 
 # -- fx coverage: which calls torch.fx served -------------------------------------------------------------------------

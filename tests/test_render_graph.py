@@ -180,7 +180,7 @@ def test_focus_draws_one_subtree_with_its_neighbours_as_context(demo_trace: Trac
 
 
 def test_focus_mistakes_name_the_remedy(demo_trace: Trace) -> None:
-    with pytest.raises(InvalidOptionError, match=r"no such call.*Did you mean DemoTransformer\.layers\.2\.attn"):
+    with pytest.raises(InvalidOptionError, match=r"no such call.*Did you mean layers\.2\.attn"):
         call_graph(demo_trace, focus="layers.2.atn")
     with pytest.raises(InvalidOptionError, match=r"called 1 time\(s\); use @0\.\.@0"):
         call_graph(demo_trace, focus="layers.2.attn@3")

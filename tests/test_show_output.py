@@ -46,3 +46,46 @@ def test_colour_on_a_terminal_and_none_with_no_color(saved: Path) -> None:
     no_color = run_cli("show", str(saved), "--depth", "2", FORCE_COLOR="1", NO_COLOR="1")
     assert not COLOUR.search(no_color.stdout)  # bold and dim may stay; no colour
     assert ANSI.sub("", no_color.stdout) == plain.stdout
+
+
+def test_focus_looks_one_call_up_with_min_max_and_parameters(saved: Path) -> None:
+    shown = run_cli("show", str(saved), "--focus", "model.layers.1.mlp")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    trace = graphtrace.load(saved)
+    mlp = trace.find("model.layers.1.mlp")
+    record = mlp.outputs
+    assert isinstance(record, graphtrace.TensorRecord) and record.stats is not None
+    stats = record.stats
+    assert lines[2] == (
+        f"LlamaForCausalLM.model.layers.1.mlp (LlamaMLP) -> [1, 7, 32] float32  mean {stats.mean:.3g} "
+        f"std {stats.std:.3g} min {stats.min:.3g} max {stats.max:.3g}  {3 * 32 * 64:,} params"
+    )
+    assert [line.split(" (")[0][4:] for line in lines[3:]] == ["gate_proj", "act_fn", "up_proj", "down_proj"]
+    assert trace.parameters["LlamaForCausalLM"] == sum(p.numel() for p in llama()[0].parameters())
+
+
+def test_paths_are_what_a_grep_for_a_path_finds(saved: Path) -> None:
+    shown = run_cli("show", str(saved), "--paths")
+    assert [line for line in shown.stdout.splitlines() if "model.layers.0.mlp.up_proj (" in line]
+    assert "model.layers.0.mlp.up_proj" not in run_cli("show", str(saved)).stdout
+
+
+def test_repeated_layers_fold_as_the_graph_folds_them(tmp_path: Path) -> None:
+    model, inputs = llama(layers=24)
+    graphtrace.capture(model, inputs, path=tmp_path)
+    folded = run_cli("show", str(tmp_path)).stdout.splitlines()
+    unfolded = run_cli("show", str(tmp_path), "--unfold").stdout.splitlines()
+    assert len(unfolded) > 24 * 13 and len(folded) < 50
+    for number in range(24):  # every layer keeps its line, with its own statistics
+        assert sum(f"── layers.{number} (LlamaDecoderLayer)" in line for line in folded) == 1
+    assert "(first of 24 identical blocks; --unfold shows the others' calls)" in folded[6]
+    assert folded[19].endswith("(12 calls inside, as in layers.0)")
+
+
+def test_a_step_that_does_not_exist_is_a_clear_error(saved: Path) -> None:
+    shown = run_cli("show", str(saved), "--step", "3")
+    assert shown.returncode == 2 and "Traceback" not in shown.stderr
+    assert "step 3 does not exist: the trace has 1 forward call(s), numbered 0..0" in shown.stderr
+    missing = run_cli("show", str(saved), "--focus", "model.layers.1.mpl")
+    assert missing.returncode == 2 and "Did you mean model.layers.1.mlp" in missing.stderr

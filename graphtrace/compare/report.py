@@ -470,6 +470,16 @@ class Comparison:
     def __str__(self) -> str:
         return self.table()
 
+    def __repr__(self) -> str:
+        """One line (``str()`` and :meth:`table` give the report): ``Comparison(A='ref', B='port', 45 matched
+        calls, DIVERGED at model.layers.1.mlp.up_proj)``."""
+        first = self.first_divergence
+        if first is not None:
+            verdict = f"DIVERGED at {_short_name(first)}"
+        else:
+            verdict = "EQUAL" if self.equal else "DIVERGED (calls without a counterpart, strict)"
+        return f"Comparison(A={self.a_label!r}, B={self.b_label!r}, {len(self.calls)} matched calls, {verdict})"
+
     def _repr_html_(self) -> str:
         """Jupyter's view: the verdict, the first divergence and the diverging calls, drawn by
         :mod:`graphtrace.render.html` (offered through the data model's services; the full page is

@@ -18,14 +18,13 @@ Three things keep the graph readable at any size:
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass
 
 import networkx as nx
 
-from graphtrace.errors import InvalidOptionError
-from graphtrace.model import CallNode, Trace, iter_tensors, numbered
+from graphtrace.errors import CallNotFoundError, InvalidOptionError
+from graphtrace.model import CallNode, Trace, iter_tensors, locate, numbered
 from graphtrace.render.step_flow import data_flow
 
 __all__ = ["DEFAULT_MAX_BOXES", "boxes", "call_graph"]
@@ -105,21 +104,10 @@ def _check_options(depth: object, max_boxes: object, unfold: object) -> None:
 
 def _find(step: CallNode, focus: str) -> CallNode:
     """The call ``focus`` names: ``path`` or ``path@N``, the path with or without the model class in front."""
-    path, _, index_text = focus.rpartition("@") if "@" in focus else (focus, "", "0")
-    if not index_text.isdigit():
-        raise InvalidOptionError(f"focus {focus!r}: after '@' comes a call number (path@0, path@1, ...).")
-    wanted = {path, f"{step.path}.{path}"}
-    for node in step.walk():
-        if node.path in wanted and node.index == int(index_text):
-            return node
-    paths = list(dict.fromkeys(node.path for node in step.walk()))
-    known = [p for p in paths if p in wanted]
-    if known:
-        calls = sum(1 for node in step.walk() if node.path == known[0])
-        raise InvalidOptionError(f"focus {focus!r}: {known[0]} was called {calls} time(s); use @0..@{calls - 1}.")
-    close = difflib.get_close_matches(f"{step.path}.{path}" if path != step.path else path, paths, n=3)
-    hint = f" Did you mean {', '.join(close)}?" if close else " `graphtrace show` lists the calls."
-    raise InvalidOptionError(f"focus {focus!r}: no such call in this step.{hint}")
+    try:
+        return locate(step, focus)
+    except CallNotFoundError as exc:
+        raise InvalidOptionError(f"focus {focus!r}: {exc.detail}") from None
 
 
 class _Folder:
