@@ -41,6 +41,7 @@ __all__ = [
     "TraceMeta",
     "Value",
     "coverage_of",
+    "fallback_in_words",
     "is_layer_block",
     "iter_tensors",
     "locate",
@@ -411,14 +412,16 @@ class Trace:
         ops: bool = False,
         unfold: bool = False,
         paths: bool = False,
+        why: bool = False,
         file: TextIO | None = None,
     ) -> None:
         """Print the call tree, as ``graphtrace show`` prints it: repeated blocks folded (``unfold`` lists them), each
         call's output shape, statistics and parameters; down to ``depth``, under the call ``focus`` names (a path as
         :meth:`find` takes it), of one ``step``; op records listed with ``ops``; paths relative to the model instead
-        of short names with ``paths``. Prints to ``file`` (stdout)."""
+        of short names with ``paths``; why torch.fx did not serve a call, technically, with ``why``. Prints to
+        ``file`` (stdout)."""
         options = {"depth": depth, "focus": focus, "step": step, "ops": ops, "unfold": unfold, "paths": paths}
-        services().show(self, file=file, **options)
+        services().show(self, file=file, why=why, **options)
 
     def failed_call(self) -> CallNode | None:
         """The innermost call that raised, following the last error from the root down; None when none raised."""
@@ -557,8 +560,57 @@ class Coverage:
             text += "; eager: " + ", ".join(f"{count} × {reason}" for reason, count in reasons)
         return text
 
+    def in_words(self) -> str:
+        """The same in a porter's words, the technical reasons left to :meth:`summary`: ``torch.fx verified 41 of 45
+        module calls (91%); 4 recorded by wrapping forward: the model passes a cache object (4)``."""
+        if set(self.eager) == {EAGER_STRATEGY}:
+            return f"all {self.module_calls} module calls recorded by wrapping forward (strategy='eager')"
+        text = f"torch.fx verified {self.fx} of {self.module_calls} module calls ({self.fraction:.0%})"
+        words: Counter[str] = Counter()
+        for reason, count in self.eager.items():
+            words[fallback_in_words(reason)] += count
+        if words:
+            reasons = sorted(words.items(), key=lambda item: (-item[1], item[0]))
+            text += f"; {sum(words.values())} {WRAPPED}: " + ", ".join(f"{why} ({count})" for why, count in reasons)
+        return text
+
     def __str__(self) -> str:
         return self.summary()
+
+
+WRAPPED = "recorded by wrapping forward"
+"""How a call torch.fx did not serve was captured, in a porter's words: as transformers captures every call."""
+
+_REASONS_IN_WORDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), words)
+    for pattern, words in (
+        (r"argument of type: <class '[\w.]*Cache'>|calls \w*Cache\.\w+", "the model passes a cache object"),
+        (r"argument of type: <class '(?:\w+\.)*(\w+)'>", "it is given a {0}, which a graph cannot hold"),
+        (r"^Refused: calls ([\w.]+), which a replay would repeat", "it calls {0}, which must run only once"),
+        (r"^Refused: draws random numbers", "it draws random numbers"),
+        (r"^Refused: writes in place", "it writes into a tensor it was given"),
+        (r"^Refused: (?:communicates|computes on)", "it communicates with other processes"),
+        (r"^SideEffect: tracing the forward changes", "tracing its forward changes the module"),
+        (r"^SideEffect: (.*?) \(stopped", "its code has a side effect: {0}"),
+        (r"control flow", "its code branches on tensor values"),
+        (r"^Mismatch", "its graph did not reproduce the call"),
+        (rf"^{re.escape(RAISED)}$", "it raised"),
+        (rf"^{re.escape(EAGER_STRATEGY)}$", "strategy='eager' asked for it"),
+    )
+)
+
+
+def fallback_in_words(reason: str, *, hooks: bool = False) -> str:
+    """Why a module call was :data:`WRAPPED` rather than served by torch.fx, in a porter's words (``the model passes
+    a cache object``); the technical ``reason`` (``Trace.fallbacks``) stays one flag or one click away. A module with
+    ``hooks`` whose graph did not reproduce its call: its hooks change what its forward returns."""
+    if hooks and reason.startswith("Mismatch"):
+        return "its forward hooks change what its forward returns"
+    for pattern, words in _REASONS_IN_WORDS:
+        found = pattern.search(reason)
+        if found is not None:
+            return words.format(*found.groups())
+    return "torch.fx cannot trace its code"
 
 
 def coverage_of(trace: Trace) -> Coverage:

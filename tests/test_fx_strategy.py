@@ -94,11 +94,18 @@ def test_show_prints_the_coverage_line(tmp_path: Path) -> None:
     shown = run_cli("show", "out", "--depth", "3", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
-    assert lines[1] == (
-        f"coverage: fx served 41 of 45 module calls (91%); eager: 3 × {CACHE_UPDATE}, "
+    assert lines[1] == (  # in a porter's words; --why adds the technical reasons
+        "coverage: torch.fx verified 41 of 45 module calls (91%); 4 recorded by wrapping forward: the model passes a "
+        "cache object (4)"
+    )
+    why = run_cli("show", "out", "--depth", "3", "--why", cwd=tmp_path).stdout.splitlines()
+    assert why[2] == (
+        f"why: fx served 41 of 45 module calls (91%); eager: 3 × {CACHE_UPDATE}, "
         "1 × NotImplementedError: argument of type: <class 'transformers.cache_utils.DynamicCache'>"
     )
-    assert any(line.endswith(f"eager: {CACHE_UPDATE}") and "self_attn" in line for line in lines)
+    assert any(
+        line.endswith(f"the model passes a cache object (why: {CACHE_UPDATE})") and "self_attn" in line for line in why
+    )
 
 
 def test_capture_with_strategy_fx_on_the_command_line_fails_with_the_reasons(tmp_path: Path) -> None:

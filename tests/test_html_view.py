@@ -239,3 +239,37 @@ def test_arrow_keys_walk_the_tree(traces: Path, browser: Browser, tmp_path: Path
 def test_to_html_names_what_it_takes() -> None:
     with pytest.raises(InvalidOptionError, match="takes a Trace or a Comparison, got str"):
         graphtrace.to_html("some/dir")  # type: ignore[arg-type]
+
+
+@needs_chromium
+def test_a_fallback_reads_as_a_note_with_its_reason_one_click_away(
+    traces: Path, browser: Browser, tmp_path: Path
+) -> None:
+    browser.open(write_html(graphtrace.load(str(traces / "original")), tmp_path / "trace.html", graph=False))
+    header = browser.evaluate("document.querySelector('header .meta').textContent")
+    assert header.endswith("torch.fx verified 41 of 45 module calls (91%)")
+    browser.evaluate(f"graphtrace.select(0, {_index(browser, 'LlamaForCausalLM.model.layers.0.self_attn')}, true)")
+    assert browser.evaluate("document.querySelector('.row.selected .badge.wrap').textContent") == "wrapped"
+    assert "fallback" not in browser.evaluate("document.body.innerText")
+    banner = "document.querySelector('#details .banner.wrapped')"
+    assert browser.evaluate(f"{banner}.textContent").startswith(
+        "recorded by wrapping forward: the model passes a cache object"
+    )
+    reason = f"{banner}.querySelector('code')"
+    assert browser.evaluate(f"{reason}.checkVisibility()") is False  # folded away until asked for
+    browser.click("#details .banner.wrapped summary")
+    assert browser.evaluate(f"{reason}.checkVisibility()") is True
+    assert (
+        browser.evaluate(f"{reason}.textContent") == "Refused: calls DynamicCache.update, which a replay would repeat"
+    )
+    assert browser.console_errors == []
+
+
+@needs_chromium
+def test_parameter_counts_in_the_tree_and_the_details(traces: Path, browser: Browser, tmp_path: Path) -> None:
+    browser.open(write_html(graphtrace.load(str(traces / "original")), tmp_path / "trace.html", graph=False))
+    layer = _index(browser, "LlamaForCausalLM.model.layers.1")
+    browser.evaluate(f"graphtrace.select(0, {layer}, true)")
+    assert browser.evaluate("document.querySelector('.row.selected .params').textContent") == "9.28K params"
+    assert "9,280 parameters" in browser.evaluate("document.querySelector('#details .sub').textContent")
+    assert browser.console_errors == []

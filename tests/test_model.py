@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from graphtrace.model import CallNode, TensorRecord, Trace, TraceMeta, iter_tensors, prune_layer_blocks
+import pytest
+
+from graphtrace.model import (
+    CallNode,
+    Coverage,
+    TensorRecord,
+    Trace,
+    TraceMeta,
+    fallback_in_words,
+    iter_tensors,
+    prune_layer_blocks,
+)
 from tests.conftest import ROOT, run_python
 
 
@@ -78,3 +89,55 @@ def test_with_value_carries_every_field_of_the_record() -> None:
     copy = record.with_value(("tensor([1.])",), "./x.safetensors")
     assert copy == dataclasses.replace(record, value=("tensor([1.])",), file="./x.safetensors")
     assert copy is not record and record.with_value(record.value, record.file) == record
+
+
+@pytest.mark.parametrize(
+    ("reason", "words"),
+    [
+        (
+            "NotImplementedError: argument of type: <class 'transformers.cache_utils.DynamicCache'>",
+            "the model passes a cache object",
+        ),
+        (
+            "Refused: calls EncoderDecoderCache.get_seq_length, which a replay would repeat",
+            "the model passes a cache object",
+        ),
+        ("Refused: calls Counter.step, which a replay would repeat", "it calls Counter.step, which must run only once"),
+        ("Refused: draws random numbers (aten::bernoulli)", "it draws random numbers"),
+        (
+            "TraceError: symbolically traced variables cannot be used as inputs to control flow",
+            "its code branches on tensor values",
+        ),
+        (
+            "SideEffect: Block.forward() logs through <Logger x> (stopped before it ran while tracing, so that it "
+            "runs once, in the real call)",
+            "its code has a side effect: Block.forward() logs through <Logger x>",
+        ),
+        ("IndexError: tuple index out of range", "torch.fx cannot trace its code"),
+    ],
+)
+def test_fallbacks_in_a_porters_words(reason: str, words: str) -> None:
+    assert fallback_in_words(reason) == words
+
+
+def test_hooks_explain_a_graph_that_did_not_reproduce_the_call() -> None:
+    mismatch = "Mismatch: the output: tensor differs"
+    assert fallback_in_words(mismatch) == "its graph did not reproduce the call"
+    assert fallback_in_words(mismatch, hooks=True) == "its forward hooks change what its forward returns"
+
+
+def test_coverage_in_words_counts_reasons_that_read_the_same_together() -> None:
+    coverage = Coverage(
+        module_calls=45,
+        fx=41,
+        eager={
+            "Refused: calls DynamicCache.update, which a replay would repeat": 3,
+            "NotImplementedError: argument of type: <class 'x.DynamicCache'>": 1,
+        },
+    )
+    assert coverage.in_words() == (
+        "torch.fx verified 41 of 45 module calls (91%); 4 recorded by wrapping forward: the model passes a cache "
+        "object (4)"
+    )
+    eager = Coverage(module_calls=3, fx=0, eager={"strategy='eager'": 3})
+    assert eager.in_words() == "all 3 module calls recorded by wrapping forward (strategy='eager')"

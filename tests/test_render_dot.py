@@ -208,7 +208,11 @@ def test_golden_dot_of_a_model_with_nan_an_error_and_a_fallback() -> None:
     dot = to_dot(call_graph(faulty_trace()))
     assert_golden("faulty.dot", dot)
     assert "NaN 2 · Inf 0" in dot and "<B>raised</B> ValueError: NaN in the input of the check" in dot
-    assert "eager fallback: torch.fx: cannot trace this module" in dot  # the reason, as a tooltip
+    # a note, not an alarm: grey and dashed, the reason in words and technically in the tooltip
+    assert (
+        "recorded by wrapping forward: torch.fx cannot trace its code (why: torch.fx: cannot trace this module)" in dot
+    )
+    assert "#e07b00" not in dot and "eager fallback" not in dot
 
 
 def test_edges_into_clusters_are_clipped_and_redundant_ones_left_out(demo_trace: Trace) -> None:

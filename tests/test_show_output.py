@@ -30,12 +30,11 @@ def test_plain_in_a_pipe_with_whole_lines(saved: Path) -> None:
     lines = shown.stdout.splitlines()
     assert lines[2].startswith("LlamaForCausalLM (LlamaForCausalLM) -> ([1, 7, 99] float32, DynamicCache(")
     assert "│   ├── embed_tokens (Embedding) -> [1, 7, 32] float32  mean " in shown.stdout
-    # a fallback reason makes a line far wider than any terminal: rich neither wraps nor cuts it
-    long = next(line for line in lines if "eager: " in line and "self_attn" in line)
-    assert len(long) > 120 and long.endswith("eager: Refused: calls DynamicCache.update, which a replay would repeat")
-    assert sum(1 for line in lines if line.endswith("would repeat")) == sum(
-        1 for line in lines if "self_attn (" in line
-    )
+    # a fallback makes a line far wider than any terminal: rich neither wraps nor cuts it
+    long = next(line for line in lines if "recorded by wrapping" in line and "self_attn" in line)
+    assert len(long) > 120 and long.endswith("recorded by wrapping forward: the model passes a cache object")
+    wrapped = [line for line in lines if line.endswith("passes a cache object")]
+    assert len(wrapped) == 1 + sum(1 for line in lines if "self_attn (" in line)  # the model and each attention
 
 
 def test_colour_on_a_terminal_and_none_with_no_color(saved: Path) -> None:
@@ -89,3 +88,18 @@ def test_a_step_that_does_not_exist_is_a_clear_error(saved: Path) -> None:
     assert "step 3 does not exist: the trace has 1 forward call(s), numbered 0..0" in shown.stderr
     missing = run_cli("show", str(saved), "--focus", "model.layers.1.mpl")
     assert missing.returncode == 2 and "Did you mean model.layers.1.mlp" in missing.stderr
+
+
+def test_fallbacks_read_as_notes_and_why_gives_the_technical_reason(saved: Path) -> None:
+    shown = run_cli("show", str(saved), FORCE_COLOR="1").stdout
+    attention = next(line for line in shown.splitlines() if "self_attn" in line)
+    assert "Refused" not in shown and "NotImplementedError" not in shown and "eager:" not in shown
+    assert "\x1b[33m" not in attention  # no warning colour (yellow) on a call that is only not verified by fx
+    why = run_cli("show", str(saved), "--why").stdout
+    assert any(
+        line.endswith(
+            "recorded by wrapping forward: the model passes a cache object (why: Refused: calls "
+            "DynamicCache.update, which a replay would repeat)"
+        )
+        for line in why.splitlines()
+    )

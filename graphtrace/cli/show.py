@@ -38,6 +38,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     parser.add_argument("--unfold", action="store_true", help="show every repeated block with its calls")
     parser.add_argument(
+        "--why", action="store_true", help="add the technical reason wherever torch.fx did not serve a call"
+    )
+    parser.add_argument(
         "--ops", action="store_true", help="list each module's op records with their source lines (folded by default)"
     )
     parser.add_argument(
@@ -60,6 +63,6 @@ def run(args: argparse.Namespace) -> int:
         out.print(Text(describe_nonfinite(trace)))
         return 0
     options = {"step": args.step, "depth": args.depth, "focus": args.focus, "unfold": args.unfold}
-    for line in trace_lines(trace, ops=args.ops, paths=args.paths, **options):
+    for line in trace_lines(trace, ops=args.ops, paths=args.paths, why=args.why, **options):
         out.print(line)
     return 0

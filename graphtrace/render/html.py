@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from graphtrace.errors import GraphvizFailedError, GraphvizNotFoundError, InvalidOptionError, OutputPathError
 from graphtrace.files import write_atomic
-from graphtrace.model import CallNode, TensorRecord, Trace, Value
+from graphtrace.model import CallNode, TensorRecord, Trace, Value, fallback_in_words
 from graphtrace.render.dot import render_dot_file, to_dot
 from graphtrace.render.graph import DEFAULT_MAX_BOXES, _Folder, call_graph
 
@@ -111,6 +111,13 @@ class _Calls:
         fallback = self.trace.fallbacks.get(node.path) if node.kind == "module" else None
         if fallback is not None:
             record["f"] = fallback
+            record["fw"] = fallback_in_words(fallback, hooks=node.path in self.trace.hooks)
+        hooks = self.trace.hooks.get(node.path) if node.kind == "module" else None
+        if hooks:
+            record["h"] = list(hooks)
+        parameters = self.trace.parameters.get(node.path) if node.kind == "module" else None
+        if parameters:
+            record["w"] = parameters
         inputs = [_tensor(name, r) for name, r in node.input_tensors()]
         outputs = [_tensor(name or "output", r) for name, r in node.output_tensors()]
         if inputs:
@@ -139,7 +146,8 @@ class _Calls:
             "label": label,
             "model": trace.meta.model_class,
             "strategy": trace.meta.strategy,
-            "coverage": trace.coverage().summary(),
+            "coverage": trace.coverage().in_words(),
+            "coverage_why": trace.coverage().summary(),
             "calls": self.records,
             "steps": self.steps,
             "phases": info,
@@ -318,12 +326,16 @@ def trace_summary_html(trace: Trace, *, graph: bool = True) -> str:
     meta = trace.meta
     calls = sum(1 for _ in trace.walk())
     modules = sum(1 for node in trace.walk() if node.kind == "module")
+    coverage = trace.coverage()
     rows = [
         _row("model", html.escape(meta.model_class)),
         _row("forward calls", str(len(trace.steps))),
         _row("calls", f"{calls} ({modules} module calls)"),
         _row("captured with", html.escape(meta.strategy) + (", ops recorded" if meta.ops else "")),
-        _row("coverage", html.escape(trace.coverage().summary())),
+        _row(
+            "coverage",
+            f'<span title="{html.escape(coverage.summary())}">{html.escape(coverage.in_words())}</span>',
+        ),
         _row("values", html.escape(meta.values)),
     ]
     if trace.directory:

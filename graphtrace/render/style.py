@@ -1,8 +1,10 @@
 """How the call graph looks: labels, colours, marks and the caption with its legend, as Graphviz HTML-like labels.
 
-A box shows a call's short name, module class, output shape and dtype; marks (NaN/Inf, an error, an eager fallback)
-add a line and colour the border. Clusters carry the same heading on one line. The caption under the graph says what
-is drawn (step, depth, focus, folding) and how calls are marked.
+A box shows a call's short name, module class, output shape and dtype; marks (NaN/Inf, an error) add a line and
+colour the border. A call torch.fx did not serve is no fault: it is recorded by wrapping forward, as transformers
+records every call, and says so in a muted line and a dashed grey border, the reason in its tooltip. Clusters carry
+the same heading on one line. The caption under the graph says what is drawn (step, depth, focus, folding) and how
+calls are marked.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import html
 from collections.abc import Mapping
 from typing import Any
+
+from graphtrace.model import WRAPPED, fallback_in_words
 
 __all__ = [
     "BOX_DEFAULTS",
@@ -23,7 +27,7 @@ __all__ = [
 
 FONT = "Helvetica"
 INK, MUTED, FAINT = "#333333", "#6b6b6b", "#9a9a9a"
-RED, RED_FILL, DARK_RED, ORANGE = "#d62728", "#fde2e1", "#8b0000", "#e07b00"
+RED, RED_FILL, DARK_RED = "#d62728", "#fde2e1", "#8b0000"
 COLLAPSED_FILL, FOLDED_FILL, FOLDED_BORDER = "#ececec", "#e3edf9", "#4a78b0"
 CLUSTER_FILLS = ("#f7f7f7", "#eeeeee")
 _LEFT_BREAK = '<BR ALIGN="LEFT"/>'  # ends a left-aligned line of a cluster label
@@ -85,9 +89,9 @@ def _marks(data: Mapping[str, Any]) -> list[str]:
         error = data["error"] if len(data["error"]) <= 48 else data["error"][:45] + "..."
         lines.append(f'<FONT COLOR="{DARK_RED}"><B>raised</B> {_escape(error)}</FONT>')
     if data["fallback"] is not None:
-        lines.append(f'<FONT COLOR="{ORANGE}">eager fallback</FONT>')
+        lines.append(f'<FONT COLOR="{MUTED}">wrapped forward</FONT>')
     if data["fallbacks_inside"]:
-        lines.append(f'<FONT COLOR="{ORANGE}">{data["fallbacks_inside"]} eager fallbacks inside</FONT>')
+        lines.append(f'<FONT COLOR="{MUTED}">{data["fallbacks_inside"]} wrapped inside</FONT>')
     return lines
 
 
@@ -99,7 +103,7 @@ def _tooltip(data: Mapping[str, Any]) -> str:
         lines.append(f"{data['repeat']} identical blocks drawn as one")
     lines.append(f"captured: {data['strategy']}")
     if data["fallback"] is not None:
-        lines.append(f"eager fallback: {data['fallback']}")
+        lines.append(f"{WRAPPED}: {fallback_in_words(data['fallback'])} (why: {data['fallback']})")
     if data["error"]:
         lines.append(f"raised {data['error']}")
     return "\\n".join(line.replace("\\", "\\\\").replace('"', "'").replace("\n", " ") for line in lines)
@@ -141,13 +145,14 @@ def box_style(data: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _mark_style(data: Mapping[str, Any]) -> dict[str, str]:
-    """Border and fill for a flagged call; an error outranks NaN/Inf, which outranks a fallback."""
+    """Border and fill for a flagged call; an error outranks NaN/Inf, which outranks a call recorded by wrapping
+    forward (a grey dashed border: a note, not an alarm)."""
     if data["error"]:
         return {"color": DARK_RED, "penwidth": "2.5"}
     if data["nan"] or data["inf"] or data["nonfinite_inside"]:
         return {"color": RED, "fillcolor": RED_FILL, "penwidth": "2"}
     if data["fallback"] is not None or data["fallbacks_inside"]:
-        return {"color": ORANGE, "penwidth": "2", "style": "rounded,filled,dashed"}
+        return {"color": FAINT, "style": "rounded,filled,dashed"}
     return {}
 
 
@@ -201,7 +206,11 @@ def caption(meta: Mapping[str, Any]) -> str:
             "output holds NaN or Inf",
             {"bgcolor": RED_FILL, "color": RED},
         ),
-        (f'<FONT COLOR="{ORANGE}">eager fallback</FONT>', "torch.fx could not trace it", {"color": ORANGE}),
+        (
+            f'<FONT COLOR="{MUTED}">wrapped forward</FONT>',
+            f"recorded by wrapping forward,{_LEFT_BREAK}not verified by torch.fx (hover: why){_LEFT_BREAK}",
+            {"color": FAINT},
+        ),
         (f'<FONT COLOR="{DARK_RED}"><B>raised</B></FONT>', "the call raised an exception", {"color": DARK_RED}),
         ("───▶", "data flow: an output fed an input", {}),
         (

@@ -1,10 +1,12 @@
 """A trace's call tree as text for a terminal: what ``graphtrace show`` and ``Trace.show()`` print.
 
 Each call is one line: its name, module type, output shapes, statistics (mean, std, min, max), parameter count and
-marks (NaN/Inf, an error, a fallback, hooks). Repeated blocks fold as the call graph and the explorer fold them
-(:class:`~graphtrace.render.graph._Folder`): the first block of a run of identical ones is shown with its calls, the
-others as one line each, so that a 24-layer model prints about 40 lines and still shows every layer's statistics.
-The lines are rich Text, never wrapped or cut by rich (a terminal wraps a long line as it wraps any other).
+marks (NaN/Inf, an error, hooks, and in a porter's words why torch.fx did not serve it: ``recorded by wrapping
+forward: the model passes a cache object``, the technical reason with ``why``). Repeated blocks fold as the call
+graph and the explorer fold them (:class:`~graphtrace.render.graph._Folder`): the first block of a run of identical
+ones is shown with its calls, the others as one line each, so that a 24-layer model prints about 40 lines and still
+shows every layer's statistics. The lines are rich Text, never wrapped or cut by rich (a terminal wraps a long line
+as it wraps any other).
 """
 
 from __future__ import annotations
@@ -18,7 +20,17 @@ from rich.text import Text
 from rich.tree import Tree
 
 from graphtrace.errors import CallNotFoundError, InvalidOptionError
-from graphtrace.model import CallNode, StepInfo, TensorRecord, Trace, Value, iter_tensors, locate
+from graphtrace.model import (
+    WRAPPED,
+    CallNode,
+    StepInfo,
+    TensorRecord,
+    Trace,
+    Value,
+    fallback_in_words,
+    iter_tensors,
+    locate,
+)
 from graphtrace.render.graph import _Folder
 
 __all__ = [
@@ -78,8 +90,8 @@ def _first_tensor(value: Value | None) -> TensorRecord | None:
     return next((record for _, record in iter_tensors(value)), None)
 
 
-def _markers(node: CallNode, trace: Trace) -> list[tuple[str, str]]:
-    """``(text, style)`` of each mark a call carries."""
+def _markers(node: CallNode, trace: Trace, why: bool) -> list[tuple[str, str]]:
+    """``(text, style)`` of each mark a call carries; with ``why``, a fallback's technical reason beside its words."""
     marks = []
     tensor = _first_tensor(node.outputs)
     if tensor is not None and tensor.stats is not None:
@@ -97,7 +109,8 @@ def _markers(node: CallNode, trace: Trace) -> list[tuple[str, str]]:
         marks.append((f"hooks: {', '.join(hooks)}", "magenta"))
     reason = trace.fallbacks.get(node.path)
     if reason is not None and node.kind == "module":
-        marks.append((f"eager: {reason}", "yellow"))
+        words = fallback_in_words(reason, hooks=node.path in trace.hooks)
+        marks.append((f"{WRAPPED}: {words}" + (f" (why: {reason})" if why else ""), "dim"))
     if node.error is not None:
         marks.append((f"RAISED {node.error}", "bold red"))
     return marks
@@ -111,7 +124,7 @@ def _name(call: CallNode, root: bool, paths: bool) -> str:
     return call.name
 
 
-def _label(call: CallNode, trace: Trace, *, root: bool, paths: bool, folded: str = "") -> Text:
+def _label(call: CallNode, trace: Trace, *, root: bool, paths: bool, why: bool, folded: str = "") -> Text:
     label = Text(no_wrap=True, overflow="ignore")
     name = _name(call, root, paths)
     label.append(name + (f" #{call.index + 1}" if call.index else ""), style="bold" if call.children else "")
@@ -122,7 +135,7 @@ def _label(call: CallNode, trace: Trace, *, root: bool, paths: bool, folded: str
         label.append(f" -> {outputs}", style="blue")
     if call.source is not None:
         label.append(f"  {call.source}", style="dim")
-    for text, style in _markers(call, trace):
+    for text, style in _markers(call, trace, why):
         label.append("  ")
         label.append(text, style=style)
     if folded:
@@ -135,15 +148,21 @@ def _dim(text: str) -> Text:
 
 
 def call_tree(
-    trace: Trace, node: CallNode, depth: int | None = None, ops: bool = False, unfold: bool = False, paths: bool = False
+    trace: Trace,
+    node: CallNode,
+    depth: int | None = None,
+    ops: bool = False,
+    unfold: bool = False,
+    paths: bool = False,
+    why: bool = False,
 ) -> Tree:
     """``node``'s subtree as a rich Tree, cut at ``depth`` (the calls below counted). Runs of identical repeated
     blocks fold unless ``unfold``: the first block is shown with its calls, the others as one line each. A
     module's op records are folded into one line (how many, of which kinds) unless ``ops``; listed, each shows the
     line that called it. ``paths`` names each module call by its path relative to the model (what a grep for a
-    path finds) instead of its short name."""
+    path finds) instead of its short name; ``why`` adds each fallback's technical reason to its words."""
     folder = _Folder(trace.fallbacks, enabled=not unfold)
-    tree = Tree(_label(node, trace, root=True, paths=paths), guide_style="dim")
+    tree = Tree(_label(node, trace, root=True, paths=paths, why=why), guide_style="dim")
     stack: list[tuple[CallNode, Tree, int]] = [(node, tree, 0)]
     while stack:
         call, branch, level = stack.pop()
@@ -163,7 +182,7 @@ def call_tree(
                 elif position > start:
                     inside = sum(1 for _ in child.walk()) - 1
                     note = f"({inside} calls inside, as in {_name(first, False, paths)})" if inside else ""
-                twig = branch.add(_label(child, trace, root=False, paths=paths, folded=note))
+                twig = branch.add(_label(child, trace, root=False, paths=paths, why=why, folded=note))
                 if position == start:
                     added.append((child, twig, level + 1))
         folded = len(call.children) - len(children)
@@ -219,17 +238,22 @@ def trace_lines(
     ops: bool = False,
     unfold: bool = False,
     paths: bool = False,
+    why: bool = False,
 ) -> list[RenderableType]:
-    """What ``graphtrace show`` prints: a head line (model, calls, strategy), fx coverage, then the tree of each
-    step (or of the call ``focus`` names in it), as :func:`call_tree` draws them."""
-    lines: list[RenderableType] = [head_line(trace), Text(f"coverage: {trace.coverage()}")]
+    """What ``graphtrace show`` prints: a head line (model, calls, strategy), fx coverage in words (with ``why``,
+    also its technical reasons), then the tree of each step (or of the call ``focus`` names in it), as
+    :func:`call_tree` draws them."""
+    coverage = trace.coverage()
+    lines: list[RenderableType] = [head_line(trace), Text(f"coverage: {coverage.in_words()}")]
+    if why and coverage.eager:
+        lines.append(Text(f"why: {coverage.summary()}", style="dim"))
     numbers = _steps(trace, step)
     roots = _focused(trace, numbers, focus) if focus is not None else [(n, trace.steps[n]) for n in numbers]
     for number, root in roots:
         about = describe_step(trace.step_info[number]) if number < len(trace.step_info) else ""
         if len(trace.steps) > 1 or about:
             lines.append(Text(f"step {number}:" + (f" {about}" if about else ""), style="bold"))
-        lines.append(call_tree(trace, root, depth, ops, unfold, paths))
+        lines.append(call_tree(trace, root, depth, ops, unfold, paths, why))
     return lines
 
 
@@ -248,6 +272,7 @@ class ShowOptions(TypedDict, total=False):
     ops: bool
     unfold: bool
     paths: bool
+    why: bool
 
 
 def print_trace(trace: Trace, *, file: TextIO | None = None, **options: Unpack[ShowOptions]) -> None:

@@ -22,6 +22,15 @@
     var a = Math.abs(x);
     return (a >= 1e4 || a < 1e-3) ? x.toExponential(3) : x.toPrecision(4).replace(/\.?0+$/, '');
   }
+  function count(n) {  // 9280 -> "9.28K", as a parameter count reads at a glance
+    if (n < 1e3) return String(n);
+    var units = [[1e12, 'T'], [1e9, 'B'], [1e6, 'M'], [1e3, 'K']];
+    for (var i = 0; i < units.length; i++) {
+      if (n >= units[i][0]) return (n / units[i][0]).toPrecision(3).replace(/\.?0+$/, '') + units[i][1];
+    }
+    return String(n);
+  }
+  var WRAPPED = 'recorded by wrapping forward';
   function nonfinite(c) {
     var n = 0, list = c.out || [];
     for (var i = 0; i < list.length; i++) n += list[i][7] + list[i][8];
@@ -75,7 +84,7 @@
     var s0 = sides[0];
     var meta = el('span', 'meta', s0.calls.length + ' calls · ' + s0.steps.length + ' forward call' +
       (s0.steps.length === 1 ? '' : 's') + ' · captured with ' + s0.strategy + ' · ' + s0.coverage.split(';')[0]);
-    meta.title = s0.coverage;  // the fallback reasons, in full
+    meta.title = s0.coverage + '\nwhy: ' + s0.coverage_why;  // in words, then the technical reasons
     header.appendChild(meta);
   }
   var search = el('div', 'search');
@@ -133,8 +142,10 @@
     if (c.k === 'op') row.appendChild(el('span', 'badge op', 'op'));
     var bad = nonfinite(c);
     if (bad) row.appendChild(el('span', 'badge nan', 'NaN/Inf ' + bad));
+    if (c.w && !DIFF) row.appendChild(el('span', 'params', count(c.w) + ' params'));
     if (c.e) row.appendChild(el('span', 'badge err', 'raised'));
-    if (c.f) row.appendChild(el('span', 'badge fb', 'eager fallback'));
+    if (c.h) row.appendChild(el('span', 'badge hook', 'hooks')).title = c.h.join('\n');
+    if (c.f) row.appendChild(el('span', 'badge wrap', 'wrapped')).title = WRAPPED + ': ' + c.fw;
     if (c.d !== undefined) {
       var st = pairStatus(pairs[c.d]);
       row.classList.add('st-' + st);
@@ -431,9 +442,21 @@
     into.appendChild(el('h3', null, c.p + (c.i ? ' #' + (c.i + 1) : '')));
     var sub = [c.t || '', c.k === 'op' ? 'op' : 'module', 'captured by ' + (c.s || 'eager'), 'call ' + c.p + '@' + c.i];
     if (c.c) sub.push(c.c.length + ' calls directly inside');
+    if (c.w) sub.push(c.w.toLocaleString('en-US') + ' parameters');
     into.appendChild(el('div', 'sub', sub.filter(Boolean).join(' · ')));
     if (c.e) into.appendChild(el('div', 'banner bad', 'raised ' + c.e));
-    if (c.f) into.appendChild(el('div', 'banner warn', 'eager fallback: ' + c.f));
+    if (c.h) {
+      into.appendChild(el('div', 'banner info', 'hooks run around it (' + c.h.join(', ') +
+        '): recorded as its caller sees it, hooks applied'));
+    }
+    if (c.f) {  // a note, not a fault: the technical reason one click away
+      var note = el('div', 'banner info wrapped', WRAPPED + ': ' + c.fw + ' ');
+      var why = el('details', 'why');
+      why.appendChild(el('summary', null, 'why'));
+      why.appendChild(el('code', null, c.f));
+      note.appendChild(why);
+      into.appendChild(note);
+    }
     var bad = nonfinite(c);
     if (bad) into.appendChild(el('div', 'banner bad', bad + ' non-finite values in the outputs'));
     into.appendChild(tensorTable('inputs', c.in));
