@@ -85,3 +85,43 @@ def test_capture_without_dot_warns_in_one_line_and_passes_other_warnings_through
     assert sum("graphtrace capture: warning:" in line and "graphviz" in line for line in lines) == 1
     assert "Traceback" not in result.stderr and "UserWarning: the model speaks" in result.stderr
     assert (tmp_path / "out" / "Warns_call_graph.dot").is_file()
+
+
+_RAISES = (
+    "import dataclasses, torch\n"
+    "@dataclasses.dataclass\n"
+    "class Config:\n"
+    "    width: int = 4\n"
+    "class Block(torch.nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.proj = torch.nn.Linear(4, 4)\n"
+    "    def forward(self, x):\n"
+    "        return self.proj(x) @ torch.ones(3, 3)  # the model's own bug\n"
+    "def build():\n"
+    "    return torch.nn.Sequential(torch.nn.Linear(Config().width, 4), Block()), torch.ones(2, 4)\n"
+)
+
+
+def test_a_model_that_raises_reads_its_own_error_first(tmp_path: Path) -> None:
+    (tmp_path / "factory.py").write_text(_RAISES)  # a dataclass in the file, as in any model's config
+    result = run_cli("capture", "factory.py:build", "-o", "out", cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0] == (
+        "graphtrace capture: the model raised RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x4 and 3x3)"
+    )
+    assert lines[1] == "graphtrace: partial trace of 4 calls saved to out; the call that raised: Sequential.1@0"
+    assert "return self.proj(x) @ torch.ones(3, 3)  # the model's own bug" in result.stderr
+    assert "graphtrace/" not in result.stderr.replace("graphtrace capture", "") and "_call_impl" not in result.stderr
+    assert len(lines) < 15 and (tmp_path / "out" / "Sequential_graphtrace.json").is_file()
+    full = run_cli("capture", "factory.py:build", "-o", "out", "--traceback", cwd=tmp_path)
+    assert full.returncode == 1 and full.stderr.startswith("Traceback (most recent call last):")
+    assert "graphtrace/engine/eager.py" in full.stderr and "_call_impl" in full.stderr
+
+
+def test_a_factory_that_raises_is_named(tmp_path: Path) -> None:
+    (tmp_path / "factory.py").write_text("def build():\n    raise FileNotFoundError('no weights at ./llama')\n")
+    result = run_cli("capture", "factory.py:build", "-o", "out", cwd=tmp_path)
+    assert result.returncode == 3
+    assert result.stderr.startswith("graphtrace capture: factory.py:build raised FileNotFoundError: no weights at ")

@@ -2,7 +2,9 @@
 
 Each subcommand lives in its own module with ``add_parser(subparsers)``, which sets the function that runs it.
 ``show``, ``render``, ``view`` and ``diff`` read saved traces and never need the model. Exit codes: 0 success, 1 a
-difference found (``diff``), 2 bad input (a message on stderr, no traceback).
+difference found (``diff``), 2 bad input (a message on stderr, no traceback), 3 the user's code raised (``capture``:
+the model or its factory; its own error and the partial trace's location first, then the traceback of its own code,
+graphtrace's frames only with ``--traceback``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from graphtrace.errors import GraphtraceError
 
 __all__ = ["main"]
 
-EXIT_OK, EXIT_DIFFERENT, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_DIFFERENT, EXIT_BAD_INPUT, EXIT_USER_CODE_RAISED = 0, 1, 2, 3
 
 _SUBCOMMANDS = ("demo", "capture", "show", "render", "view", "diff")
 
@@ -62,3 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # output piped into head or less that closed early
         return EXIT_OK
+    except Exception as exc:  # the model's own error reads first; a fault of graphtrace's keeps its whole traceback
+        from graphtrace.cli.user_errors import describe_user_error, raised_by_user_code
+
+        if getattr(args, "traceback", False) or not raised_by_user_code(exc):
+            raise
+        print(_printable(describe_user_error(exc, args)), file=sys.stderr)
+        return EXIT_USER_CODE_RAISED

@@ -44,6 +44,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "one step per forward call (prefill, then each decoding step)",
     )
     add_capture_options(parser)
+    parser.add_argument(
+        "--traceback",
+        action="store_true",
+        help="when the model raises, print the whole traceback (graphtrace's own frames included)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -60,8 +65,12 @@ def load_factory(target: str) -> Any:
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.path.insert(0, str(path.parent.resolve()))
+        sys.modules[spec.name] = module  # as an import does: a dataclass in the file looks its module up there
         try:
             spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(spec.name, None)
+            raise
         finally:
             sys.path.pop(0)
     else:
