@@ -518,7 +518,7 @@ def recording(
 
 
 _ONE_CAPTURE = threading.RLock()
-"""Captures run one at a time in a process (a capture nested in a forward of the same thread goes on): torch.fx
+"""Captures run one at a time in a process (a capture of another model nested in a forward goes on): torch.fx
 patches every module's ``__call__`` globally while it traces, so a second thread's forward would land in the first
 one's trace. A forward outside any capture, in another thread, can still meet that patch: torch.fx's limit."""
 
@@ -526,17 +526,31 @@ _CAPTURING: dict[int, int] = {}  # id(model) -> the thread capturing it
 _CAPTURING_LOCK = threading.Lock()
 
 
+def _check_free(model: nn.Module) -> None:
+    """A capture of ``model`` already under way is an error: in another thread both would patch the same forwards; in
+    this one (the model capturing itself from inside its own forward, or a capture inside a capture of it) every
+    call would be recorded twice, the inner ones mixed into the outer trace."""
+    owner = _CAPTURING.get(id(model))
+    if owner is None:
+        return
+    name = type(model).__name__
+    if owner != threading.get_ident():
+        raise InvalidOptionError(
+            f"{name} is being captured by another thread; capture one model from one thread at a time (or capture a "
+            "copy of the model)."
+        )
+    raise InvalidOptionError(
+        f"{name} is already being captured: a capture of it started inside that capture (from its own forward?) "
+        "would record every call twice, mixed into the outer trace. Capture the model once, from outside its "
+        "forward; the trace holds every call (trace.find(path))."
+    )
+
+
 def _claim(model: nn.Module) -> None:
-    """Mark ``model`` as being captured by this thread; a capture of it already under way in another thread is an
-    error (both would patch the same forwards). A capture nested in the same thread (inside a forward) is not."""
-    me = threading.get_ident()
+    """Mark ``model`` as being captured by this thread; a capture of it already under way is an error
+    (:func:`_check_free`), and so is one of a model sharing modules with it."""
     with _CAPTURING_LOCK:
-        owner = _CAPTURING.get(id(model))
-        if owner is not None and owner != me:
-            raise InvalidOptionError(
-                f"{type(model).__name__} is being captured by another thread; capture one model from one thread at "
-                "a time (or capture a copy of the model)."
-            )
+        _check_free(model)
         others = [other for key, other in _MODULES.items() if key != id(model)]
         if others:  # the modules are listed only when another capture is under way: nearly never
             modules = _module_ids(model)
@@ -548,9 +562,8 @@ def _claim(model: nn.Module) -> None:
                         "find the call in its trace (trace.find(path)), or capture this module outside the other "
                         "capture."
                     )
-        _CAPTURING[id(model)] = me if owner is None else owner
+        _CAPTURING[id(model)] = threading.get_ident()
         _MODULES[id(model)] = model
-        _NESTING[id(model)] = _NESTING.get(id(model), 0) + 1
 
 
 def _module_ids(model: nn.Module) -> frozenset[int]:
@@ -559,16 +572,10 @@ def _module_ids(model: nn.Module) -> frozenset[int]:
 
 def _release(model: nn.Module) -> None:
     with _CAPTURING_LOCK:
-        left = _NESTING.get(id(model), 1) - 1
-        if left:
-            _NESTING[id(model)] = left
-        else:
-            _NESTING.pop(id(model), None)
-            _CAPTURING.pop(id(model), None)
-            _MODULES.pop(id(model), None)
+        _CAPTURING.pop(id(model), None)
+        _MODULES.pop(id(model), None)
 
 
-_NESTING: dict[int, int] = {}
 _MODULES: dict[int, nn.Module] = {}  # id(model) under capture -> the model
 
 
@@ -616,6 +623,8 @@ def _session(
     single_call: bool,
 ) -> Session:
     check_model(model)
+    with _CAPTURING_LOCK:
+        _check_free(model)  # before a directory is made for a capture that cannot run
     _check_choice("values", values, get_args(Values))
     _check_choice("strategy", strategy, get_args(Strategy))
     _check_bool("prune_layers", prune_layers)

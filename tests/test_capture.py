@@ -15,7 +15,7 @@ import graphtrace.api as graphtrace_api
 from graphtrace.demo import demo_inputs, demo_model
 from graphtrace.errors import InvalidInputsError, InvalidModelError, InvalidOptionError, OutputPathError
 from graphtrace.model import TensorRecord
-from tests.conftest import run_ours
+from tests.conftest import run_cli, run_ours
 
 
 class TwoInputs(nn.Module):
@@ -273,3 +273,45 @@ def test_a_tensor_modified_in_place_gets_fresh_statistics(strategy: str) -> None
     assert seen.stats.max == pytest.approx(3 * before.max().item(), rel=1e-6)
     assert seen.spec_stats != recorded.spec_stats and seen.value != recorded.value
     assert second.inputs_from == (first.id,)  # modified in place, still the tensor first returned
+
+
+def test_a_path_with_an_overlong_name_is_a_path_error_before_the_forward(tmp_path: Path) -> None:
+    model = TwoInputs()
+    calls: list[int] = []
+    model.register_forward_pre_hook(lambda *args: calls.append(1))
+    with pytest.raises(OutputPathError, match=r"File name too long\. A name in the path is longer than the file"):
+        graphtrace.capture(model, torch.ones(1, 3), path=tmp_path / ("a" * 300))
+    assert calls == []
+    result = run_cli("capture", "tests.zoo:llama", "-o", str(tmp_path / ("b" * 300)))
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "shorten it" in result.stderr
+
+
+class CapturesItself(nn.Module):
+    """A model whose forward starts a capture of itself (once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(3, 3)
+        self.inner_started = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.inner_started:
+            self.inner_started = True
+            graphtrace.capture(self, x)
+        return self.proj(x)
+
+
+@pytest.mark.parametrize("strategy", ["eager", "auto"])
+def test_a_model_that_captures_itself_is_refused_and_the_outer_trace_stays_whole(strategy: str) -> None:
+    model = CapturesItself()
+    with pytest.raises(InvalidOptionError, match="CapturesItself is already being captured") as caught:
+        graphtrace.capture(model, torch.ones(1, 3), strategy=strategy)
+    trace = caught.value.graphtrace_trace  # type: ignore[attr-defined]
+    assert [node.id for node in trace.walk()] == ["CapturesItself@0"]  # the root once, nothing of an inner capture
+    assert trace.root.error is not None and "already being captured" in trace.root.error
+    assert all("forward" not in module.__dict__ for module in model.modules())
+    model.inner_started = True  # afterwards the model is free: a capture from outside works
+    assert [node.id for node in graphtrace.capture(model, torch.ones(1, 3)).walk()] == [
+        "CapturesItself@0",
+        "CapturesItself.proj@0",
+    ]

@@ -15,6 +15,7 @@ render do not import each other).
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -55,16 +56,17 @@ OWN_SUFFIX = "_graphtrace.json"
 def prepare_directory(path: str | os.PathLike[str], *, what: str = "trace directory") -> Path:
     """Create ``path`` if needed and check that files can be written in it; raise :class:`OutputPathError` else."""
     directory = Path(path)
-    if directory.exists() and not directory.is_dir():
-        raise OutputPathError(f"{what} {str(directory)!r} is a file, not a directory; pass a directory path.")
     try:
+        if directory.exists() and not directory.is_dir():
+            raise OutputPathError(f"{what} {str(directory)!r} is a file, not a directory; pass a directory path.")
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=directory):
             pass
     except OSError as exc:
-        raise OutputPathError(
-            f"cannot write into {what} {str(directory)!r}: {exc.strerror or exc}. Choose a directory you can write to."
-        ) from exc
+        remedy = "Choose a directory you can write to."
+        if exc.errno == errno.ENAMETOOLONG:
+            remedy = "A name in the path is longer than the file system allows (255 bytes on most): shorten it."
+        raise OutputPathError(f"cannot write into {what} {str(directory)!r}: {exc.strerror or exc}. {remedy}") from exc
     return directory
 
 
