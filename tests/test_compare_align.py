@@ -149,6 +149,7 @@ def test_rules_rename_whole_components_in_order() -> None:
         ("h.{0}=layers.{0}", r"the left side 'h\.\{0\}' is not a dotted module name"),  # a placeholder needs a name
         ("a=b=c", "the right side 'b=c' is not a dotted module name"),
         ("h.{i}.x=layers.{i}.{kind}", r"uses \{kind\}, which its left side does not define"),
+        ("h.{i}=layers", r"\{i\} is not used on the right side, so h\.0, h\.1, \.\.\. would all be renamed layers"),
     ],
 )
 def test_bad_rules_are_named_with_the_remedy(

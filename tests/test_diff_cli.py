@@ -101,6 +101,7 @@ def test_port_with_rules_and_by_structure(tmp_path: Path) -> None:
     [
         (["original", "nowhere"], "error: no trace at 'nowhere'"),
         (["original", "changed", "--map", "h.{i}=layers.{j}"], "uses {j}, which its left side does not define"),
+        (["original", "changed", "--map", "h.{i}=layers"], "the left side's {i} is not used on the right side"),
         (["original", "changed", "--atol", "-1"], "atol must be a finite number >= 0"),
         (["original", "changed", "--step", "3"], "step 3 does not exist in trace A"),
     ],
@@ -212,3 +213,12 @@ def test_a_long_module_path_is_neither_wrapped_nor_cut(tmp_path: Path) -> None:
     shown = run_cli("diff", "a", "b", cwd=tmp_path, COLUMNS="40", FORCE_COLOR="1")
     assert shown.returncode == 1 and row.search(ESCAPE.sub("", shown.stdout))
     assert verdict in ESCAPE.sub("", shown.stdout).splitlines()
+
+
+def test_the_largest_difference_says_whether_it_is_of_values_or_of_statistics(llamas: Path) -> None:
+    def header(a: str, b: str) -> str:
+        lines = run_cli("diff", a, b, "--all", cwd=llamas).stdout.splitlines()
+        return next(line for line in lines if line.lstrip().startswith("call (in the order"))
+
+    assert "  max |Δstat|  " in header("original", "changed")  # statistics only: the deltas of mean, std, min, max
+    assert "  max |Δ| / |Δstat|  " in header("original-values", "changed-values")  # values, and stats where none

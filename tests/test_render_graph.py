@@ -76,6 +76,16 @@ def test_graph_of_a_transformers_model_is_connected(name: str) -> None:
         assert nx.is_connected(drawn_flow(graph, inferred=False))  # the data flow of the fx graphs fills the gaps
 
 
+def test_inferred_flow_never_feeds_positions_from_token_embeddings() -> None:
+    """GPT-2 embeds tokens (wte) then positions (wpe): the positions come from the input, not from wte's output; both
+    embeddings feed the dropout after them, whose input is their sum."""
+    model, inputs = ORACLE_MODELS["gpt2"]()
+    flows = data_flow(graphtrace.capture(model, inputs).root)
+    into = {flow.producer.rpartition(".")[2] for flow in flows if flow.consumer.endswith("transformer.drop@0")}
+    assert into == {"wte@0", "wpe@0"}
+    assert not any(flow.consumer.endswith("transformer.wpe@0") for flow in flows)
+
+
 def test_a_trace_written_by_transformers_is_drawn_from_call_order_alone(tmp_path: Path) -> None:
     model, inputs = llama()
     run_reference(model, lambda: model(**inputs), tmp_path, do_prune_layers=False)

@@ -61,6 +61,14 @@ def parse_rule(text: str) -> RenameRule:
         raise InvalidOptionError(
             f"rename rule {text!r}: the right side uses {{{unknown[0]}}}, which its left side does not define."
         )
+    dropped = [name for name in names if name not in _PLACEHOLDER.findall(right)]
+    if dropped:
+        example = left.replace(f"{{{dropped[0]}}}", "0")
+        raise InvalidOptionError(
+            f"rename rule {text!r}: the left side's {{{dropped[0]}}} is not used on the right side, so {example}, "
+            f"{left.replace(f'{{{dropped[0]}}}', '1')}, ... would all be renamed {right}. Carry it over, e.g. "
+            f"'{left}={right}.{{{dropped[0]}}}'."
+        )
     regex, position = [], 0
     for match in _PLACEHOLDER.finditer(left):
         regex.append(re.escape(left[position : match.start()]))

@@ -140,9 +140,19 @@ def _fold(comparison: Comparison, quiet: Sequence[CallDiff], steps: bool) -> Ite
     yield ("✓", f"… {len(quiet)} calls agree{note}"), None
 
 
+def _headers(rows: Sequence[Row]) -> tuple[str, ...]:
+    """The table's headers; the largest difference's column says what it holds: of the values (``max |Δ|``), of the
+    statistics (``max |Δstat|``: the largest of the deltas of mean, std, min and max), or of either, as the basis
+    column says row by row."""
+    bases = {cells[4] for cells, _ in rows if isinstance(cells, list) and cells[4] in ("values", "stats")}
+    label = "max |Δstat|" if bases == {"stats"} else "max |Δ| / |Δstat|" if "stats" in bases else "max |Δ|"
+    return tuple(label if header == "max |Δ|" else header for header in _HEADERS)
+
+
 def _table(comparison: Comparison, show_all: bool) -> list[Text]:
     rows = list(_rows(comparison, show_all))
-    widths = [cell_len(h) for h in _HEADERS]
+    headers = _headers(rows)
+    widths = [cell_len(h) for h in headers]
     for cells, _ in rows:
         if isinstance(cells, list):
             widths = [max(w, cell_len(c)) for w, c in zip(widths, cells)]
@@ -151,7 +161,7 @@ def _table(comparison: Comparison, show_all: bool) -> list[Text]:
     def line(cells: Sequence[str]) -> str:
         return "  ".join(c + " " * (w - cell_len(c)) for c, w in zip(cells, widths)).rstrip()
 
-    out = [_line(line(_HEADERS), "bold")]
+    out = [_line(line(headers), "bold")]
     for row, call in rows:
         if isinstance(row, tuple):
             mark, text = row
