@@ -101,7 +101,7 @@ def test_port_with_rules_and_by_structure(tmp_path: Path) -> None:
     [
         (["original", "nowhere"], "error: no trace at 'nowhere'"),
         (["original", "changed", "--map", "h.{i}=layers.{j}"], "uses {j}, which its left side does not define"),
-        (["original", "changed", "--map", "h.{i}=layers"], "the left side's {i} is not used on the right side"),
+        (["original", "changed", "--map", "layers.{i}=blocks"], "Its {i} is not used on the right side: carry it over"),
         (["original", "changed", "--atol", "-1"], "atol must be a finite number >= 0"),
         (["original", "changed", "--step", "3"], "step 3 does not exist in trace A"),
     ],
@@ -222,3 +222,20 @@ def test_the_largest_difference_says_whether_it_is_of_values_or_of_statistics(ll
 
     assert "  max |Δstat|  " in header("original", "changed")  # statistics only: the deltas of mean, std, min, max
     assert "  max |Δ| / |Δstat|  " in header("original-values", "changed-values")  # values, and stats where none
+
+
+def test_two_models_that_share_little_are_warned_about(tmp_path: Path) -> None:
+    """GPT-2 against Llama is no port: the few calls structure pairs up (a norm with a projection) are coincidences
+    of shape, and the report says so before its table; a real port (other names, paired by structure) is not."""
+    model, inputs = gpt2()
+    graphtrace.capture(model, inputs, path=tmp_path / "gpt2", values="none")
+    graphtrace.capture(port_of(model), inputs, path=tmp_path / "port", values="none")
+    graphtrace.capture(*llama(), path=tmp_path / "llama", values="none")
+    result = run_cli("diff", "gpt2", "llama", cwd=tmp_path)
+    warning = result.stdout.splitlines()[4]
+    assert warning.startswith(
+        "warning: A and B share little: only 16 of A's 43 module calls and of B's 45 have a counterpart (14 of them "
+        "by structure alone); pairs such as transformer.h.0.ln_2 ↔ model.layers.0.self_attn.o_proj "
+        "(LayerNorm ↔ Linear) may be coincidences of shape."
+    )
+    assert "warning" not in run_cli("diff", "gpt2", "port", cwd=tmp_path).stdout

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TypedDict, get_args
 
-from graphtrace.compare.align import AlignMode, align_calls, returned_order
+from graphtrace.compare.align import AlignMode, align_calls, relative_path, returned_order
 from graphtrace.compare.fused import FusedMatch
 from graphtrace.compare.measure import TensorDiff, Tolerance
 from graphtrace.compare.nonfinite import first_nonfinite
@@ -34,7 +34,7 @@ from graphtrace.compare.pairs import (
     unread_padding,
 )
 from graphtrace.compare.report import Comparison, Unmatched
-from graphtrace.compare.rules import RenameRule, parse_rules
+from graphtrace.compare.rules import RenameRule, check_rules, parse_rules
 from graphtrace.errors import InvalidOptionError
 from graphtrace.model import CallNode, Trace
 
@@ -161,6 +161,8 @@ def compare(
     compiled = parse_rules(rules)
     trace_a, label_a = _trace(a, "A", labels[0])
     trace_b, label_b = _trace(b, "B", labels[1])
+    for root in trace_a.steps:
+        check_rules(compiled, (relative_path(node, root) for node in root.walk() if node.kind == "module"))
     tolerance = Tolerance(rtol, atol)
     calls: list[CallDiff] = []
     only_a: list[Unmatched] = []

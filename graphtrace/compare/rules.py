@@ -9,12 +9,12 @@ rules apply in the order given, each to the result of the one before.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from graphtrace.errors import InvalidOptionError
 
-__all__ = ["RenameRule", "apply_rules", "parse_rules"]
+__all__ = ["RenameRule", "apply_rules", "check_rules", "parse_rules"]
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _COMPONENT_CHARS = re.compile(r"^[^=\s{}]+$")
@@ -61,14 +61,6 @@ def parse_rule(text: str) -> RenameRule:
         raise InvalidOptionError(
             f"rename rule {text!r}: the right side uses {{{unknown[0]}}}, which its left side does not define."
         )
-    dropped = [name for name in names if name not in _PLACEHOLDER.findall(right)]
-    if dropped:
-        example = left.replace(f"{{{dropped[0]}}}", "0")
-        raise InvalidOptionError(
-            f"rename rule {text!r}: the left side's {{{dropped[0]}}} is not used on the right side, so {example}, "
-            f"{left.replace(f'{{{dropped[0]}}}', '1')}, ... would all be renamed {right}. Carry it over, e.g. "
-            f"'{left}={right}.{{{dropped[0]}}}'."
-        )
     regex, position = [], 0
     for match in _PLACEHOLDER.finditer(left):
         regex.append(re.escape(left[position : match.start()]))
@@ -82,6 +74,40 @@ def parse_rule(text: str) -> RenameRule:
 
 def parse_rules(texts: Iterable[str]) -> tuple[RenameRule, ...]:
     return tuple(parse_rule(text) for text in texts)
+
+
+def check_rules(rules: Sequence[RenameRule], paths: Iterable[str]) -> None:
+    """Refuse rules that give two module paths of trace A (relative to the model) one name: ``h.{i}=layers`` renames
+    every ``h.N`` to ``layers``, and which of them B's ``layers`` stands for is anyone's guess. A placeholder the right
+    side leaves out is fine where it matches one path at each place (T5's ``layer.{j}.DenseReluDense=mlp``)."""
+    if not rules:
+        return
+    named: dict[str, str] = {}
+    for path in dict.fromkeys(paths):
+        renamed = apply_rules(rules, path)
+        first = named.setdefault(renamed, path)
+        if first != path:
+            rule = _merging(rules, first, path)
+            raise InvalidOptionError(
+                f"rename rule {rule.text!r} gives {first} and {path} of trace A one name, {renamed}. {_remedy(rule)}"
+            )
+
+
+def _merging(rules: Sequence[RenameRule], a: str, b: str) -> RenameRule:
+    """The rule after which ``a`` and ``b`` have the same name."""
+    for count, rule in enumerate(rules, start=1):
+        if apply_rules(rules[:count], a) == apply_rules(rules[:count], b):
+            return rule
+    return rules[-1]
+
+
+def _remedy(rule: RenameRule) -> str:
+    left, _, right = (side.strip() for side in rule.text.partition("="))
+    dropped = [name for name in _PLACEHOLDER.findall(left) if f"{{{name}}}" not in right]
+    if dropped:
+        carried = f"{left}={right}.{{{dropped[0]}}}"
+        return f"Its {{{dropped[0]}}} is not used on the right side: carry it over, e.g. '{carried}'."
+    return "Give each of them its own name in B's terms."
 
 
 def apply_rules(rules: Iterable[RenameRule], path: str, used: set[RenameRule] | None = None) -> str:

@@ -24,7 +24,7 @@ from graphtrace.model import Trace
 if TYPE_CHECKING:  # pragma: no cover - report.py imports this module to draw its table
     from graphtrace.compare.report import Comparison, Unmatched
 
-__all__ = ["render_table", "report_text"]
+__all__ = ["little_in_common", "render_table", "report_text"]
 
 DIVERGED_ROWS = 12
 """Diverging calls listed before the rest is summed up (without ``show_all``)."""
@@ -240,6 +240,57 @@ def _equivalences(comparison: Comparison) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda item: -item[1])
 
 
+_KINDS = {
+    "norm": "norm",
+    "embed": "embedding",
+    "linear": "projection",
+    "conv": "projection",  # GPT-2's Conv1D is a linear layer
+    "dense": "projection",
+    "attention": "attention",
+    "mlp": "mlp",
+    "dropout": "dropout",
+    "act": "activation",
+}
+"""Words of module class names that say what kind of module it is, for naming an unlikely pair."""
+
+
+def _kind(type_name: str) -> str | None:
+    name = type_name.lower()
+    return next((kind for word, kind in _KINDS.items() if word in name), None)
+
+
+def little_in_common(comparison: Comparison) -> str | None:
+    """A warning when the two traces share little: fewer than half of A's module calls and fewer than half of B's
+    found a counterpart (GPT-2 against Llama, not a port of it). Pairs made by structure alone are then likely
+    coincidences of shape; one is named (a norm paired with a projection, where there is one). None otherwise."""
+    pairs = [call for call in comparison.calls if call.a.kind == "module"]
+    sizes = [sum(1 for node in trace.walk() if node.kind == "module") for trace in (comparison.a, comparison.b)]
+    matched = len({id(call.a) for call in pairs})
+    if not pairs or any(2 * matched >= size for size in sizes):
+        return None
+    by_structure = [call for call in pairs if call.how == "structure" and call.a.leaf and call.b.leaf]
+    unlike = [call for call in by_structure if call.a.type_name != call.b.type_name]
+    odd = next(
+        (
+            call
+            for call in unlike
+            if None not in (_kind(call.a.type_name), _kind(call.b.type_name))
+            and _kind(call.a.type_name) != _kind(call.b.type_name)
+        ),
+        unlike[0] if unlike else None,
+    )
+    example = ""
+    if odd is not None:
+        names = _call_label(comparison, odd, False)
+        example = f"; pairs such as {names} ({odd.a.type_name} ↔ {odd.b.type_name}) may be coincidences of shape"
+    structure = comparison.matched_by()["structure"]
+    return (
+        f"warning: A and B share little: only {matched} of A's {sizes[0]} module calls and of B's {sizes[1]} have a "
+        f"counterpart ({structure} of them by structure alone){example}. Are they the same architecture? "
+        "--map names how A's modules are called in B."
+    )
+
+
 def report_text(comparison: Comparison, *, show_all: bool = False) -> Text:
     """The comparison as styled rich Text, one line per line: what was compared, the table, unmatched calls, the
     verdict. Print it through a Console with ``soft_wrap=True`` so that no line is wrapped or cut."""
@@ -255,6 +306,9 @@ def report_text(comparison: Comparison, *, show_all: bool = False) -> Text:
         )
     )
     lines.append(_line(f"tolerance: {comparison.tolerance.describe()}"))
+    warning = little_in_common(comparison)
+    if warning is not None:
+        lines.append(_line(warning, "bold yellow"))
     lines.append(_line())
     lines += _table(comparison, show_all)
     lines.append(_line())
