@@ -273,3 +273,48 @@ def test_parameter_counts_in_the_tree_and_the_details(traces: Path, browser: Bro
     assert browser.evaluate("document.querySelector('.row.selected .params').textContent") == "9.28K params"
     assert "9,280 parameters" in browser.evaluate("document.querySelector('#details .sub').textContent")
     assert browser.console_errors == []
+
+
+@needs_chromium
+def test_arrow_keys_walk_the_search_hits_and_enter_picks_one(traces: Path, browser: Browser, tmp_path: Path) -> None:
+    browser.open(write_html(graphtrace.load(str(traces / "original")), tmp_path / "trace.html", graph=False))
+    browser.click("#search")
+    browser.type_text("layers.1.*proj")
+    browser.key("ArrowDown")  # lists the hits (typed since), the first active
+    browser.key("ArrowDown")
+    browser.key("ArrowDown")
+    browser.key("ArrowUp")
+    hits = browser.evaluate("[...document.querySelectorAll('.results .hit')].map(e => e.textContent)")
+    assert len(hits) == 7 and hits[1] == "LlamaForCausalLM.model.layers.1.self_attn.k_proj"
+    assert browser.evaluate("document.querySelector('.results .hit.active').textContent") == hits[1]
+    browser.press("Enter")
+    assert browser.evaluate("document.querySelector('#details h3').textContent") == hits[1]
+    assert browser.evaluate("document.querySelector('.row.selected .name').textContent") == "k_proj"
+    assert browser.console_errors == []
+
+
+@needs_chromium
+def test_a_trace_with_nan_opens_on_the_call_that_made_it(browser: Browser, tmp_path: Path) -> None:
+    model, inputs = llama()
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
+    trace = graphtrace.capture(model, inputs, path=tmp_path / "nan")
+    culprit = "LlamaForCausalLM.model.layers.1.mlp.down_proj"
+    assert trace.first_nonfinite() is trace.find(culprit)
+    browser.open(write_html(trace, tmp_path / "nan.html", graph=False))
+    assert browser.evaluate("document.querySelector('#details h3').textContent") == culprit
+    assert browser.evaluate("document.querySelector('.row.selected .name').textContent") == "down_proj"
+    link = "header a.nan-link"
+    assert browser.evaluate(f"document.querySelector('{link}').textContent") == (
+        "first NaN/Inf: model.layers.1.mlp.down_proj"
+    )
+    browser.evaluate("graphtrace.select(0, 0, true)")  # elsewhere; the header's link leads back
+    browser.click(link)
+    assert browser.evaluate("document.querySelector('#details h3').textContent") == culprit
+    assert browser.console_errors == []
+
+
+def test_a_diff_page_is_titled_by_its_directories(traces: Path) -> None:
+    comparison = graphtrace.compare(str(traces / "original"), str(traces / "changed"))
+    data = _page_data(to_html(comparison, graph=False))
+    assert data["title"] == "original vs changed"  # not "LlamaForCausalLM vs LlamaForCausalLM"

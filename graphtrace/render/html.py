@@ -1,4 +1,6 @@
 """Trace -> one self-contained HTML page: the call tree, each call's tensors, and the clickable call graph.
+A trace whose outputs hold NaN or Inf opens on the first call that made them (its inputs finite), linked from the
+header.
 
 The page is a single file that works from ``file://`` with no network: the trace is embedded as JSON, the viewer's
 script and style sheet (``assets/``) are inlined, and the call graph is Graphviz's SVG of :func:`call_graph`. The
@@ -230,7 +232,14 @@ def trace_page(trace: Trace, *, graph: bool = True, max_boxes: int | None = DEFA
     calls = _Calls(trace)
     svg, note = _graph_or_note(trace, graph, max_boxes)
     label = trace.directory or trace.meta.model_class
-    data = {"kind": "trace", "title": f"{trace.meta.model_class} trace", "sides": [calls.side(label, svg, note)]}
+    data: dict[str, Any] = {
+        "kind": "trace",
+        "title": f"{trace.meta.model_class} trace",
+        "sides": [calls.side(label, svg, note)],
+    }
+    bad = trace.first_nonfinite() if trace.steps else None
+    if bad is not None:  # the page opens there, as `show --nonfinite` and the notebook view name it
+        data["nonfinite"] = calls.index[id(bad)]
     return _page(f"{trace.meta.model_class} — graphtrace", data, [svg])
 
 
@@ -266,7 +275,7 @@ def diff_page(comparison: Comparison, *, graph: bool = True, max_boxes: int | No
         rendered.append(side.side(label, svg, note))
     data = {
         "kind": "diff",
-        "title": f"{comparison.a.meta.model_class} vs {comparison.b.meta.model_class}",
+        "title": " vs ".join(_distinct_names(report["a"]["trace"], report["b"]["trace"])),
         "sides": rendered,
         "pairs": pairs,
         "first": first_index,
@@ -276,6 +285,17 @@ def diff_page(comparison: Comparison, *, graph: bool = True, max_boxes: int | No
         "only": [len(report["only_in_a"]), len(report["only_in_b"])],
     }
     return _page(f"{data['title']} — graphtrace diff", data, svgs)
+
+
+def _distinct_names(a: str, b: str) -> tuple[str, str]:
+    """The two labels (trace directories) by as few of their last path components as tell them apart:
+    ``original vs port`` for ``runs/original`` and ``runs/port``; ``a/trace vs b/trace``."""
+    parts_a, parts_b = a.replace("\\", "/").rstrip("/").split("/"), b.replace("\\", "/").rstrip("/").split("/")
+    for count in range(1, max(len(parts_a), len(parts_b)) + 1):
+        short_a, short_b = "/".join(parts_a[-count:]), "/".join(parts_b[-count:])
+        if short_a != short_b:
+            return short_a, short_b
+    return a, b
 
 
 def to_html(subject: Trace | Comparison, *, graph: bool = True, max_boxes: int | None = DEFAULT_MAX_BOXES) -> str:

@@ -86,12 +86,21 @@
       (s0.steps.length === 1 ? '' : 's') + ' · captured with ' + s0.strategy + ' · ' + s0.coverage.split(';')[0]);
     meta.title = s0.coverage + '\nwhy: ' + s0.coverage_why;  // in words, then the technical reasons
     header.appendChild(meta);
+    if (D.nonfinite !== undefined) {  // where NaN/Inf were made: the page opens there, the link goes back
+      var bad = s0.calls[D.nonfinite];
+      var link = el('a', 'nan-link', 'first NaN/Inf: ' + (bad.p.slice(bad.p.indexOf('.') + 1) || bad.p));
+      link.href = '#';
+      link.title = 'the first call whose output holds NaN or Inf while its inputs are finite';
+      link.addEventListener('click', function (ev) { ev.preventDefault(); select(0, D.nonfinite, true); });
+      header.appendChild(link);
+    }
   }
   var search = el('div', 'search');
   var input = el('input');
   input.type = 'search';
   input.placeholder = 'search calls by path (e.g. layers.3.*attn)   /';
-  input.title = 'a substring or a glob; Enter selects the first hit. In the tree: ↑ ↓ move, → expands, ← collapses';
+  input.title = 'a substring or a glob; ↑ ↓ walk the hits, Enter selects one. In the tree: ↑ ↓ move, → expands, ' +
+    '← collapses';
   input.id = 'search';
   var results = el('div', 'results');
   results.hidden = true;
@@ -569,7 +578,7 @@
   }
 
   // -- search -------------------------------------------------------------------------------------------------------
-  var timer = null, hits = [];
+  var timer = null, hits = [], active = 0;
   function matcher(q) {
     q = q.trim().toLowerCase();
     if (!q) return null;
@@ -594,11 +603,20 @@
     results.appendChild(el('div', 'count', total + ' calls' + (total > hits.length ? ', first ' + hits.length + ' shown' : '')));
     hits.forEach(function (h, i) {
       var c = sides[h[0]].calls[h[1]];
-      var d = el('div', i === 0 ? 'active' : '', (DIFF ? (h[0] ? 'B ' : 'A ') : '') + c.p + (c.i ? ' #' + (c.i + 1) : ''));
+      var d = el('div', 'hit', (DIFF ? (h[0] ? 'B ' : 'A ') : '') + c.p + (c.i ? ' #' + (c.i + 1) : ''));
       d.addEventListener('mousedown', function (ev) { ev.preventDefault(); pick(i); });
       results.appendChild(d);
     });
     results.hidden = false;
+    activate(0);
+  }
+  /* The hit Enter picks: ↑ and ↓ in the search box walk the hits. */
+  function activate(i) {
+    var rows = results.querySelectorAll('.hit');
+    if (!rows.length) return;
+    active = Math.max(0, Math.min(rows.length - 1, i));
+    rows.forEach(function (r, j) { r.classList.toggle('active', j === active); });
+    rows[active].scrollIntoView({ block: 'nearest' });
   }
   function pick(i) {
     var h = hits[i];
@@ -606,10 +624,22 @@
     results.hidden = true;
     select(h[0], h[1], true);
   }
-  input.addEventListener('input', function () { clearTimeout(timer); timer = setTimeout(runSearch, 120); });
+  input.addEventListener('input', function () {
+    clearTimeout(timer);
+    timer = setTimeout(function () { timer = null; runSearch(); }, 120);
+  });
   input.addEventListener('keydown', function (ev) {
-    if (ev.key === 'Enter') { clearTimeout(timer); runSearch(); pick(0); }
-    if (ev.key === 'Escape') { results.hidden = true; }
+    var fresh = timer !== null || results.hidden;  // typed since the hits were listed (or they were closed)
+    if (ev.key === 'Enter') {
+      if (fresh) { clearTimeout(timer); timer = null; runSearch(); }
+      pick(active);
+    } else if (ev.key === 'ArrowDown' || ev.key === 'ArrowUp') {
+      if (fresh) { clearTimeout(timer); timer = null; runSearch(); }
+      else activate(active + (ev.key === 'ArrowDown' ? 1 : -1));
+      ev.preventDefault();
+    } else if (ev.key === 'Escape') {
+      results.hidden = true;
+    }
   });
   input.addEventListener('blur', function () { results.hidden = true; });
 
@@ -663,6 +693,8 @@
   zoom(null);
   if (DIFF && D.first !== null && D.first !== undefined) {
     select(0, pairs[D.first].ka, true);
+  } else if (D.nonfinite !== undefined) {
+    select(0, D.nonfinite, true);
   } else if (sides[0].steps.length) {
     select(0, sides[0].steps[sides[0].steps.length - 1], false);
   }
