@@ -1,5 +1,6 @@
-"""Regenerate docs/viewer.png and docs/viewer_diff.png: the explorer page of a tiny Llama's trace, and of its diff
-against a copy with one weight changed, in headless Chromium (needs Debian's chromium and websocket-client).
+"""Regenerate docs/viewer.png, docs/viewer_diff.png and docs/diff_page.png: the explorer page of a tiny Llama's trace,
+of its diff against a copy with one weight changed, and of a 1.0001x bug (one MLP weight of layer 1 scaled by 1.0001)
+at its first divergence, at 1400 pixels, in headless Chromium (needs Debian's chromium and websocket-client).
 
     python examples/viewer_screenshots.py
 """
@@ -37,7 +38,23 @@ def main() -> None:
         browser.open(diff_page)  # opens on the first divergence
         browser.screenshot(ROOT / "docs" / "viewer_diff.png")
         assert not browser.console_errors, browser.console_errors
-    print("wrote docs/viewer.png, docs/viewer_diff.png")
+    scaled_bug(ROOT / "docs" / "diff_page.png")
+    print("wrote docs/viewer.png, docs/viewer_diff.png, docs/diff_page.png")
+
+
+def scaled_bug(picture: Path) -> None:
+    """The diff page of a 1.0001x bug at its first divergence: the A | B | Δ table prints the statistics with as many
+    digits as it takes to tell them apart."""
+    model, inputs = llama()
+    with tempfile.TemporaryDirectory() as folder, Browser(1400, 900) as browser:
+        original, port = Path(folder) / "original", Path(folder) / "port"
+        graphtrace.capture(model, inputs, path=original, values="safetensors")
+        with torch.no_grad():
+            model.model.layers[1].mlp.up_proj.weight.mul_(1.0001)
+        graphtrace.capture(model, inputs, path=port, values="safetensors")
+        browser.open(write_html(graphtrace.compare(original, port), Path(folder) / "diff.html"))
+        browser.screenshot(picture)
+        assert not browser.console_errors, browser.console_errors
 
 
 if __name__ == "__main__":

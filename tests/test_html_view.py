@@ -318,3 +318,81 @@ def test_a_diff_page_is_titled_by_its_directories(traces: Path) -> None:
     comparison = graphtrace.compare(str(traces / "original"), str(traces / "changed"))
     data = _page_data(to_html(comparison, graph=False))
     assert data["title"] == "original vs changed"  # not "LlamaForCausalLM vs LlamaForCausalLM"
+
+
+@pytest.fixture(scope="module")
+def scaled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A six-layer Llama with statistics only (original/), and again with one MLP weight of layer 3 scaled by 1.0001
+    (port/): a bug that four digits do not show."""
+    root = tmp_path_factory.mktemp("scaled")
+    model, inputs = llama(layers=6)
+    graphtrace.capture(model, inputs, path=root / "original", values="none")
+    with torch.no_grad():
+        model.model.layers[3].mlp.up_proj.weight.mul_(1.0001)
+    graphtrace.capture(model, inputs, path=root / "port", values="none")
+    return root
+
+
+@needs_chromium
+def test_the_first_divergence_shows_a_b_and_their_difference_in_digits_that_differ(
+    scaled: Path, browser: Browser, tmp_path: Path
+) -> None:
+    comparison = graphtrace.compare(scaled / "original", scaled / "port")
+    first = comparison.first_divergence
+    assert first is not None and first.a.path.endswith("layers.3.mlp.up_proj")
+    browser.open(write_html(comparison, tmp_path / "diff.html", graph=False))
+    table = "document.querySelector('#details table.abd')"
+    rows = browser.evaluate(
+        f"[...{table}.querySelectorAll('tr')].map(tr => [...tr.querySelectorAll('td')].map(td => td.textContent))"
+    )
+    output = next(i for i, row in enumerate(rows) if row and row[0].startswith("outputs"))
+    shown = [rows[output][1:5], *(row[:4] for row in rows[output + 1 : output + 4])]
+    record_a, record_b = (dict(call.output_tensors())[""] for call in (first.a, first.b))
+    assert record_a.stats is not None and record_b.stats is not None
+    same_at_four = 0
+    values = [
+        [getattr(stats, name) for name in ("mean", "std", "min", "max")] for stats in (record_a.stats, record_b.stats)
+    ]
+    for (stat, a, b, delta), x, y in zip(shown, *values, strict=True):
+        assert stat in ("mean", "std", "min", "max")
+        assert float(a) == pytest.approx(x, rel=1e-3) and float(b) == pytest.approx(y, rel=1e-3)
+        if x != y:  # as many digits as it takes: they differ in print, and the difference is there
+            assert a != b and float(delta) == pytest.approx(y - x, rel=1e-2)
+        same_at_four += f"{x:.4g}" == f"{y:.4g}" != f"{x:.17g}"
+    assert same_at_four >= 1  # what four digits, as the page printed them before, showed as equal
+    assert browser.console_errors == []
+
+
+@needs_chromium
+def test_a_diverging_block_is_never_folded_among_identical_ones(scaled: Path, browser: Browser, tmp_path: Path) -> None:
+    comparison = graphtrace.compare(scaled / "original", scaled / "port")
+    browser.open(write_html(comparison, tmp_path / "diff.html", graph=False))
+    folds = browser.evaluate(
+        "[...document.querySelectorAll('.tree[data-side=\"0\"] .row.fold')].map(r => r.textContent)"
+    )
+    assert folds == ["▸layers.0–2LlamaDecoderLayer ×3 identical blocks, all agree"]  # layers 3-5 depart: unfolded
+    names = browser.evaluate(
+        "[...document.querySelectorAll('.tree[data-side=\"0\"] .row .name')].map(e => e.textContent)"
+    )
+    assert {"layers.3", "layers.4", "layers.5"} <= set(names)
+    assert browser.console_errors == []
+
+
+@needs_chromium
+def test_the_diff_page_fits_1400_pixels(scaled: Path, browser: Browser, tmp_path: Path) -> None:
+    """Nothing is cut at the width the page was tried at: every tree row's name and marks, the table's columns."""
+    browser.open(write_html(graphtrace.compare(scaled / "original", scaled / "port"), tmp_path / "diff.html"))
+    assert browser.evaluate("window.innerWidth") == 1400
+    browser.evaluate("document.querySelectorAll('.row').forEach(r => r.click())")  # open every row that has calls
+    clipped = browser.evaluate(
+        "[...document.querySelectorAll('.tree .row')].filter(r => r.offsetParent !== null).flatMap(r => {"
+        " const pane = r.closest('.pane').getBoundingClientRect();"
+        " return [...r.querySelectorAll('.name, .badge')].filter(e => e.getBoundingClientRect().right > pane.right"
+        "  || e.scrollWidth > e.clientWidth + 1).map(e => e.textContent) })"
+    )
+    assert clipped == []
+    details = browser.evaluate(
+        "[document.getElementById('details').scrollWidth, document.getElementById('details').clientWidth]"
+    )
+    assert details[0] <= details[1]
+    assert browser.console_errors == []

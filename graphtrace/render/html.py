@@ -254,12 +254,15 @@ def diff_page(comparison: Comparison, *, graph: bool = True, max_boxes: int | No
         if a is None or b is None:
             continue
         sides[0].records[a]["d"] = sides[1].records[b]["d"] = len(pairs)
+        _with_statistics(pair, call.a, call.b)
         pairs.append({**pair, "ka": a, "kb": b})
     for side, unmatched in ((sides[0], comparison.only_in_a), (sides[1], comparison.only_in_b)):
         for item in unmatched:
             k = side.index.get(id(item.call))
             if k is not None:
                 side.records[k]["x"] = 1
+    for side in sides:
+        _unfold_departures(side.records, pairs)
     first = report["first_divergence"]
     first_index = next(
         (i for i, pair in enumerate(pairs) if first and (pair["step"], pair["a"]) == (first["step"], first["a"])),
@@ -285,6 +288,60 @@ def diff_page(comparison: Comparison, *, graph: bool = True, max_boxes: int | No
         "only": [len(report["only_in_a"]), len(report["only_in_b"])],
     }
     return _page(f"{data['title']} — graphtrace diff", data, svgs)
+
+
+def _statistics(node: CallNode) -> dict[str, list[float | str | None]]:
+    """Each tensor of a call by the name a comparison gives it (``inputs_args_0``, ``outputs``): mean, std, min, max."""
+    named = [("inputs" + name, record) for name, record in node.input_tensors()]
+    named += [("outputs" + name, record) for name, record in node.output_tensors()]
+    return {
+        name: [
+            _number(record.stats.mean),
+            _number(record.stats.std),
+            _number(record.stats.min),
+            _number(record.stats.max),
+        ]
+        for name, record in named
+        if record.stats is not None
+    }
+
+
+def _with_statistics(pair: dict[str, Any], a: CallNode, b: CallNode) -> None:
+    """A's and B's statistics beside each pair of tensors of a pair's report (``sa``, ``sb``), in full precision: the
+    page prints them with as many digits as it takes to tell them apart."""
+    stats_a, stats_b = _statistics(a), _statistics(b)
+    for diff in (*pair["inputs"], *pair["outputs"]):
+        if diff["name_a"] in stats_a and diff["name_b"] in stats_b:
+            diff["sa"], diff["sb"] = stats_a[diff["name_a"]], stats_b[diff["name_b"]]
+
+
+def _unfold_departures(records: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> None:
+    """Folded runs of identical blocks (``r``) keep only blocks in which every call agrees and has a counterpart: a
+    block holding a departure (or a call only one trace has) stands alone, never under "identical blocks"."""
+    troubled = [False] * len(records)
+    for k in range(len(records) - 1, -1, -1):  # children come after their parent: bottom up
+        record = records[k]
+        pair = pairs[record["d"]] if "d" in record else None
+        own = "x" in record or (pair is not None and (pair["status"] == "diverged" or not pair["inputs_agree"]))
+        troubled[k] = troubled[k] or own
+        if record["u"] >= 0 and troubled[k]:
+            troubled[record["u"]] = True
+    for record in records:
+        runs = record.get("r")
+        if not runs:
+            continue
+        quiet = []
+        for start, stop in runs:
+            begin = start
+            for position in range(start, stop + 1):
+                if position == stop or troubled[record["c"][position]]:
+                    if position - begin > 1:
+                        quiet.append([begin, position])
+                    begin = position + 1
+        if quiet:
+            record["r"] = quiet
+        else:
+            del record["r"]
 
 
 def _distinct_names(a: str, b: str) -> tuple[str, str]:

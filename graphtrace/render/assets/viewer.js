@@ -145,9 +145,10 @@
     if (c.i) label += ' #' + (c.i + 1);
     row.appendChild(el('span', 'name', label));
     if (c.t && c.t !== c.n) row.appendChild(el('span', 'type', c.t));
-    if (c.out && c.out.length) {
+    if (c.out && c.out.length && !DIFF) {  // a diff's rows leave shapes to the A | B | Δ table: the panes are narrow
       row.appendChild(el('span', 'shape', shapeText(c.out[0]) + (c.out.length > 1 ? ' +' + (c.out.length - 1) : '')));
     }
+    row.title = c.p + (c.t ? ' (' + c.t + ')' : '');  // in full, when the row is narrower than its text
     if (c.k === 'op') row.appendChild(el('span', 'badge op', 'op'));
     var bad = nonfinite(c);
     if (bad) row.appendChild(el('span', 'badge nan', 'NaN/Inf ' + bad));
@@ -177,8 +178,9 @@
     var tail = last.p.slice(last.p.lastIndexOf('.') + 1);
     var name = first.p === last.p ? first.n + ' #' + (first.i + 1) + '–' + (last.i + 1) : first.n + '–' + tail;
     row.appendChild(el('span', 'name', name));
-    row.appendChild(el('span', 'type', (first.t ? first.t + ' ' : '') + '×' + (run[1] - run[0]) + ' identical blocks'));
-    if (first.out && first.out.length) row.appendChild(el('span', 'shape', shapeText(first.out[0])));
+    row.appendChild(el('span', 'type', (first.t ? first.t + ' ' : '') + '×' + (run[1] - run[0]) + ' identical blocks' +
+      (DIFF ? ', all agree' : '')));
+    if (first.out && first.out.length && !DIFF) row.appendChild(el('span', 'shape', shapeText(first.out[0])));
     var bad = 0;
     for (var i = run[0]; i < run[1]; i++) {
       var m = sides[s].calls[c.c[i]];
@@ -503,35 +505,80 @@
     }
   }
 
+  /* a and b printed with as many significant digits as it takes to tell them apart (4 at least, 17 at most). */
+  function apart(a, b) {
+    if (typeof a !== 'number' || typeof b !== 'number') return [num(a), num(b)];
+    for (var p = 4; p <= 17; p++) {
+      var sa = digits(a, p), sb = digits(b, p);
+      if (sa !== sb || a === b || p === 17) return [sa, sb];
+    }
+  }
+  function digits(x, p) {
+    var m = Math.abs(x);
+    return x === 0 ? '0' : (m >= 1e4 || m < 1e-3) ? x.toExponential(p - 1) : x.toPrecision(p);
+  }
+  function delta(a, b) {
+    if (typeof a !== 'number' || typeof b !== 'number') return '';
+    var d = b - a;
+    return d === 0 ? '0' : (d > 0 ? '+' : '') + d.toExponential(2);
+  }
+  var STATS = ['mean', 'std', 'min', 'max'];
+
+  /* One table: each compared tensor's statistics in A and B and their difference, the measures of its values. */
   function pairDetails(p, into) {
     var st = pairStatus(p);
     var cls = st === 'diverged' || st === 'downstream' ? 'bad' : st === 'inputs' ? 'warn' : st === 'equal' ? 'ok' : 'info';
     var text = (p === pairs[D.first] ? 'FIRST DIVERGENCE — ' : '') + STATUS_WORDS[st] + (p.reason ? ': ' + p.reason : '');
     into.appendChild(el('div', 'banner ' + cls, text));
-    var diffs = (p.inputs || []).map(function (d) { return ['input', d]; })
-      .concat((p.outputs || []).map(function (d) { return ['output', d]; }));
+    var diffs = (p.inputs || []).concat(p.outputs || []);
     if (!diffs.length) return;
-    into.appendChild(el('h4', null, 'tensors compared (matched by ' + p.how + ')'));
-    var t = el('table', 't');
+    into.appendChild(el('h4', null, 'A | B | Δ — tensors compared (matched by ' + p.how + ')'));
+    var t = el('table', 't abd');
     var head = el('tr');
-    var measured = ['max_abs', 'max_rel', 'cosine'].filter(function (key) {
-      return diffs.some(function (pair) { return pair[1][key] !== null && pair[1][key] !== undefined; });
-    });
-    ['', 'A', 'B', 'shape', 'status'].concat(measured.map(function (key) { return key.replace('_', ' '); }), ['why'])
-      .forEach(function (h) { head.appendChild(el('th', null, h)); });
+    ['tensor', '', 'A', 'B', 'Δ = B − A'].forEach(function (h) { head.appendChild(el('th', null, h)); });
     t.appendChild(head);
-    diffs.forEach(function (pair) {
-      var d = pair[1];
-      var tr = el('tr', d.status === 'diverged' ? 'bad' : '');
-      var deltas = d.stat_deltas ? 'Δmean ' + num(d.stat_deltas.mean) + ', Δstd ' + num(d.stat_deltas.std) : '';
+    diffs.forEach(function (d) {
       var shape = '[' + d.shape_a.join(', ') + ']';
       if (d.shape_b.join() !== d.shape_a.join()) shape += ' vs [' + d.shape_b.join(', ') + ']';
-      [pair[0], d.name_a, d.name_b, shape, d.status].forEach(function (v) { tr.appendChild(el('td', null, v)); });
-      measured.forEach(function (key) { tr.appendChild(el('td', 'num', num(d[key]))); });
-      tr.appendChild(el('td', 'why', d.reason || deltas));
-      t.appendChild(tr);
+      var name = d.name_a === d.name_b ? d.name_a : d.name_a + ' ↔ ' + d.name_b;
+      var rows = d.sa ? STATS.length : 0, measured = d.basis === 'values';
+      var first = el('tr', 'tensor ' + (d.status === 'diverged' ? 'bad' : ''));
+      var label = el('td', 'tensor-name');
+      label.rowSpan = rows + (measured ? 1 : 0) || 1;
+      label.appendChild(el('div', null, name));
+      label.appendChild(el('div', 'sub', shape + ' · ' + d.status));
+      first.appendChild(label);
+      var tr = first;
+      if (!rows && !measured) {
+        var none = el('td', 'note', d.reason || 'nothing to compare');
+        none.colSpan = 4;
+        tr.appendChild(none);
+        t.appendChild(tr);
+      }
+      for (var i = 0; i < rows; i++) {
+        if (i) tr = el('tr', d.status === 'diverged' ? 'bad' : '');
+        var shown = apart(d.sa[i], d.sb[i]);
+        tr.appendChild(el('td', 'stat', STATS[i]));
+        tr.appendChild(el('td', 'num', shown[0]));
+        tr.appendChild(el('td', 'num', shown[1]));
+        tr.appendChild(el('td', 'num delta', delta(d.sa[i], d.sb[i])));
+        t.appendChild(tr);
+      }
+      if (measured) {
+        if (rows) tr = el('tr', d.status === 'diverged' ? 'bad' : '');
+        var parts = ['max |Δ| ' + num(d.max_abs), 'max rel ' + num(d.max_rel), 'cosine ' + num(d.cosine)];
+        if (d.outside !== null && d.outside !== undefined) parts.push(d.outside + ' of ' + d.numel + ' outside');
+        tr.appendChild(el('td', 'stat', 'values'));
+        var cell = el('td', 'measures', parts.join(' · '));
+        cell.colSpan = 3;
+        tr.appendChild(cell);
+        t.appendChild(tr);
+      }
     });
     into.appendChild(t);
+    diffs.forEach(function (d) {  // why, in words, under the table: it wraps, no column to clip it
+      if (d.reason) into.appendChild(el('p', 'why', d.name_a + ': ' + d.reason));
+    });
   }
 
   function select(s, k, follow) {
