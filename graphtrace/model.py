@@ -394,8 +394,8 @@ class Trace:
     def find(self, path: str, index: int = 0, step: int = -1) -> CallNode:
         """The ``index``-th call of ``path`` in ``step`` (the last by default). ``path`` is the trace's own
         (``LlamaForCausalLM.model.layers.1.mlp``) or relative to the model, as ``diff``, ``--map`` and the tables print
-        it (``model.layers.1.mlp``); ``path@N`` names its N-th call. Raises :class:`~graphtrace.errors.
-        CallNotFoundError` (a KeyError) naming the closest paths when there is none."""
+        it (``model.layers.1.mlp``); ``path@N`` names its N-th call. Raises
+        :class:`~graphtrace.errors.CallNotFoundError` (a KeyError) naming the closest paths when there is none."""
         steps = len(self.steps)
         if isinstance(step, bool) or not isinstance(step, int) or not -steps <= step < steps:
             raise CallNotFoundError(

@@ -315,3 +315,39 @@ def test_a_model_that_captures_itself_is_refused_and_the_outer_trace_stays_whole
         "CapturesItself@0",
         "CapturesItself.proj@0",
     ]
+
+
+class TiedAndShared(nn.Module):
+    """A head tied to the embedding, and a block registered under two names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.block = nn.Linear(4, 4)
+        self.again = self.block
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.again(self.block(self.embed(ids))))
+
+
+@pytest.mark.parametrize("build", [TiedAndShared, demo_model])
+def test_parameter_counts_are_what_each_module_holds(build: type[nn.Module]) -> None:
+    model = build()
+    inputs = torch.tensor([[1, 2, 3]]) if build is TiedAndShared else demo_inputs()
+    trace = graphtrace.capture(model, inputs)
+    root = type(model).__name__
+    expected = {
+        f"{root}.{name}" if name else root: count
+        for name, module in model.named_modules()
+        if (count := sum(p.numel() for p in module.parameters()))
+    }
+    assert trace.parameters == expected  # a tied weight once, as module.parameters() counts it
+    if build is TiedAndShared:
+        assert trace.parameters == {
+            "TiedAndShared": 60,
+            "TiedAndShared.embed": 40,
+            "TiedAndShared.block": 20,
+            "TiedAndShared.head": 40,
+        }

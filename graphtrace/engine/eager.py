@@ -124,14 +124,27 @@ def is_leaf(module: nn.Module) -> bool:
 
 
 def parameter_counts(model: nn.Module) -> dict[str, int]:
-    """The number of parameter elements each module holds, itself and its submodules (a tied weight once), by path;
-    modules without parameters are left out. Parameters a lazy module has not made yet do not count."""
-    counts = {}
-    for path, module in module_paths(model):
-        count = sum(p.numel() for p in module.parameters() if not isinstance(p, nn.parameter.UninitializedParameter))
-        if count:
-            counts[path] = count
-    return counts
+    """The number of parameter elements each module holds, itself and its submodules (a tied weight once, as
+    ``module.parameters()`` counts it), by path; modules without parameters are left out. Parameters a lazy module
+    has not made yet do not count. Summed up the tree in one pass; a model that shares a weight or a module between
+    places is counted module by module instead."""
+    paths = list(module_paths(model))
+    modules = [module for _, module in paths]
+    own = [[p for p in module._parameters.values() if p is not None and _counted(p)] for module in modules]
+    held = [p for found in own for p in found]
+    references = sum(1 for module in modules for child in module._modules.values() if child is not None)
+    if references != len(modules) - 1 or len({id(p) for p in held}) != len(held):  # something is shared
+        totals = [sum(p.numel() for p in module.parameters() if _counted(p)) for module in modules]
+    else:
+        index = {id(module): k for k, module in enumerate(modules)}
+        totals = [sum(parameter.numel() for parameter in found) for found in own]
+        for k in range(len(modules) - 1, -1, -1):  # preorder reversed: children before their parents
+            totals[k] += sum(totals[index[id(child)]] for child in modules[k]._modules.values() if child is not None)
+    return {path: total for (path, _), total in zip(paths, totals, strict=True) if total}
+
+
+def _counted(parameter: nn.Parameter) -> bool:
+    return not isinstance(parameter, nn.parameter.UninitializedParameter)
 
 
 def forward_hooks(module: nn.Module) -> tuple[str, ...]:
@@ -139,6 +152,13 @@ def forward_hooks(module: nn.Module) -> tuple[str, ...]:
     run), each by its kind and name: ``("forward hook: Quantizer.dequantize",)``."""
     from torch.nn.modules import module as torch_module  # torch's global hooks live there, mutated in place
 
+    if not (
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or torch_module._global_forward_hooks
+        or torch_module._global_forward_pre_hooks
+    ):
+        return ()  # nearly every module: nothing to name
     kinds = (
         ("forward pre-hook", torch_module._global_forward_pre_hooks, module._forward_pre_hooks),
         ("forward hook", torch_module._global_forward_hooks, module._forward_hooks),
@@ -156,11 +176,19 @@ def _callable_name(hook: Any) -> str:
 def entry_point(module: nn.Module, after_hooks: bool) -> tuple[str, Callable[..., Any]]:
     """The method that capture wraps on ``module`` (its name and current value): ``forward``; or, when ``after_hooks``
     and hooks run around the module's forward, ``_call_impl`` (``nn.Module.__call__``'s body), so that the call is
-    recorded as its caller sees it. A compiled module (``module.compile()``) keeps ``forward``: its calls go through
-    its compiled body."""
-    if after_hooks and module._compiled_call_impl is None and forward_hooks(module):
+    recorded as its caller sees it. A compiled module (``module.compile()``) and one whose class has its own
+    ``__call__`` keep ``forward``: their calls may not reach ``_call_impl``."""
+    if (
+        after_hooks
+        and type(module).__call__ is _MODULE_CALL
+        and module._compiled_call_impl is None
+        and forward_hooks(module)
+    ):
         return "_call_impl", module._call_impl
     return "forward", module.forward
+
+
+_MODULE_CALL = nn.Module.__call__
 
 
 def without_grad(forward: Callable[..., Any]) -> Callable[..., Any]:
