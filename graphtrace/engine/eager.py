@@ -149,7 +149,9 @@ def _counted(parameter: nn.Parameter) -> bool:
 
 def forward_hooks(module: nn.Module) -> tuple[str, ...]:
     """The forward pre-hooks and forward hooks that run when ``module`` is called, torch's global ones first (as they
-    run), each by its kind and name: ``("forward hook: Quantizer.dequantize",)``."""
+    run), each by its kind and name: ``("forward hook: Quantizer.dequantize",)``. torch.distributed's own hooks are
+    left out: tensor parallelism's redistribution of inputs and outputs and FSDP's gathering of parameters are how a
+    sharded model runs, and its calls are recorded as its forward sees them, DTensors with their placements."""
     from torch.nn.modules import module as torch_module  # torch's global hooks live there, mutated in place
 
     if not (
@@ -164,13 +166,25 @@ def forward_hooks(module: nn.Module) -> tuple[str, ...]:
         ("forward hook", torch_module._global_forward_hooks, module._forward_hooks),
     )
     return tuple(
-        f"{kind}: {_callable_name(hook)}" for kind, *hooks in kinds for found in hooks for hook in found.values()
+        f"{kind}: {_callable_name(hook)}"
+        for kind, *hooks in kinds
+        for found in hooks
+        for hook in found.values()
+        if not _distributed(hook)
     )
 
 
+def _function(hook: Any) -> Any:
+    return getattr(hook, "func", hook)  # a functools.partial by what it calls
+
+
 def _callable_name(hook: Any) -> str:
-    function = getattr(hook, "func", hook)  # a functools.partial by what it calls
+    function = _function(hook)
     return str(getattr(function, "__qualname__", None) or type(function).__qualname__)
+
+
+def _distributed(hook: Any) -> bool:
+    return str(getattr(_function(hook), "__module__", "") or "").startswith("torch.distributed.")
 
 
 def entry_point(module: nn.Module, after_hooks: bool) -> tuple[str, Callable[..., Any]]:
