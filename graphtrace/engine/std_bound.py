@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["MIN_DOUBLE_ELEMENTS", "MIN_ELEMENTS", "as_dtype", "float32_std", "printed_std"]
+__all__ = ["MIN_DOUBLE_ELEMENTS", "MIN_ELEMENTS", "float32_std", "printed_std"]
 
 MIN_ELEMENTS = 1 << 19
 """Below this many elements torch's own ``std`` costs no more than the passes here, measured inside real forwards
@@ -70,15 +70,6 @@ _ROUND: dict[torch.dtype, Callable[[float], float]] = {
     torch.float16: _as_float16,
     torch.bfloat16: _as_bfloat16,
 }
-
-
-def as_dtype(value: float, dtype: torch.dtype) -> float:
-    """``value`` rounded to float32, float16 or bfloat16 as torch rounds a float32 into it (through float32 for
-    the half types); a value that rounds past the largest finite one is an infinity, as in torch."""
-    try:
-        return _ROUND[dtype](value)
-    except OverflowError:
-        return math.copysign(math.inf, value)
 
 
 _scratch = threading.local()

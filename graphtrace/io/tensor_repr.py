@@ -69,7 +69,7 @@ def _printable_from_values(tensor: torch.Tensor, options: PrintOptions) -> bool:
     return (
         type(tensor) is torch.Tensor
         and tensor.dtype in _TEXT_DTYPES
-        and tensor.device.type not in _UNUSUAL_DEVICES
+        and (tensor.is_cpu or tensor.device.type not in _UNUSUAL_DEVICES)
         and not tensor.requires_grad
         and tensor.layout == torch.strided
         and not tensor.is_nested
@@ -94,8 +94,11 @@ def _values(tensor: torch.Tensor, options: PrintOptions) -> PrintedValues:
         printed = _gather(tensor, shape, cuts, options[2])  # a new tensor
     else:
         printed = tensor.clone(memory_format=torch.contiguous_format).view(-1)  # kept from later in-place changes
-    host = to_host(printed)
-    return PrintedValues(host.data, shape, tensor.dtype.is_floating_point, _suffixes_of(tensor), options, host.ready)
+    floating = tensor.dtype.is_floating_point
+    if printed.is_cpu:
+        return PrintedValues(printed, shape, floating, _suffixes_of(tensor), options)
+    host = to_host(printed)  # from a device: copied without waiting, waited for when formatted
+    return PrintedValues(host.data, shape, floating, _suffixes_of(tensor), options, host.ready)
 
 
 def _suffixes_of(tensor: torch.Tensor) -> tuple[str, ...]:
@@ -103,16 +106,16 @@ def _suffixes_of(tensor: torch.Tensor) -> tuple[str, ...]:
     not implied."""
     dtype = tensor.dtype
     default = torch.get_default_dtype()
-    device = tensor.device
-    kind = device.type
     default_kind = torch._C._get_default_device()
-    current = torch.cuda.current_device() if kind == "cuda" else None
+    device = None if tensor.is_cpu else tensor.device  # the common case keyed without a device object
+    current = torch.cuda.current_device() if device is not None and device.type == "cuda" else None
     key = (dtype, default, device, default_kind, current)
     suffixes = _suffixes.get(key)
     if suffixes is None:
         if len(_suffixes) >= _CACHE_LIMIT:
             _suffixes.clear()
-        on_device = device_suffix(str(device), kind, device.index, default_kind, current)
+        device = tensor.device
+        on_device = device_suffix(str(device), device.type, device.index, default_kind, current)
         plain = dtype in (default, torch.int64, torch.bool)
         suffixes = _suffixes[key] = (
             *(() if on_device is None else (on_device,)),
