@@ -301,9 +301,9 @@ def _queued(data: torch.Tensor) -> list[torch.Tensor]:
 
 
 def nonfinite_counts(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """How many NaN and how many infinite values ``tensor`` holds, as 0-d int64 tensors on its device."""
-    with torch.no_grad():
-        return torch.isnan(tensor).sum(), torch.isinf(tensor).sum()
+    """How many NaN and how many infinite values ``tensor`` holds, as 0-d int64 tensors on its device (no gradient
+    flows through either)."""
+    return torch.isnan(tensor).sum(), torch.isinf(tensor).sum()
 
 
 def summary_of(

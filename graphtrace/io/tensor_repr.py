@@ -126,7 +126,7 @@ def _suffixes_of(tensor: torch.Tensor) -> tuple[str, ...]:
 
 def _gather(tensor: torch.Tensor, shape: tuple[int, ...], cuts: tuple[bool, ...], edgeitems: int) -> torch.Tensor:
     """The printed entries of a summarised tensor, in row-major order, with one ``take`` (whatever the strides)."""
-    key = (shape, edgeitems, tensor.device)
+    key = (shape, edgeitems)
     indices = _gather_indices.get(key)
     if indices is None:
         if len(_gather_indices) >= _CACHE_LIMIT:
@@ -135,5 +135,25 @@ def _gather(tensor: torch.Tensor, shape: tuple[int, ...], cuts: tuple[bool, ...]
         for size, cut in zip(shape, cuts):
             kept = [*range(edgeitems), *range(size - edgeitems, size)] if cut else range(size)
             flat = [base * size + i for base in flat for i in kept]
-        indices = _gather_indices[key] = torch.tensor(flat, dtype=torch.int64, device=tensor.device)
+        indices = _gather_indices[key] = torch.tensor(flat, dtype=torch.int64)
+    if not tensor.is_cpu:
+        indices = _on_device(key, indices, tensor.device)
     return tensor.take(indices)
+
+
+_device_indices: dict[tuple[object, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _on_device(key: tuple[object, ...], indices: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``indices`` on ``device``, copied once from pinned memory without waiting for the device (the pinned source
+    is kept with the copy, so it outlives the transfer)."""
+    found = _device_indices.get((*key, device))
+    if found is None:
+        if len(_device_indices) >= _CACHE_LIMIT:
+            _device_indices.clear()
+        try:
+            source = indices.pin_memory()
+        except RuntimeError:  # no pinned memory for this device: a plain copy, once per shape
+            source = indices
+        found = _device_indices[(*key, device)] = (source, source.to(device, non_blocking=source.is_pinned()))
+    return found[1]
