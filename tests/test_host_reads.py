@@ -215,3 +215,16 @@ def test_host_reads_do_not_grow_with_recorded_tensors(name: str, models: dict[in
     assert models[6].tensors > models[2].tensors + 30
     assert deep == shallow, f"{name}: {shallow} reads at 2 layers, {deep} at 6 ({kinds})"
     assert deep <= 8, f"{name}: {deep} host reads in one step ({kinds})"
+
+
+def test_the_count_sees_the_cpu_path_read_each_tensor(models: dict[int, Model], tmp_path: Path) -> None:
+    """The CPU path (READ_AT_ONCE as shipped) reads as it records: the counting catches reads that grow."""
+    counts = []
+    for layers in (2, 6):
+        model = models[layers]
+        run = RUNS["values=none eager"]
+        run(model.module, model.inputs, tmp_path / "warm")
+        with counting_host_reads() as reads:
+            run(model.module, model.inputs, tmp_path / str(layers))
+        counts.append(reads.total - model.own_reads)
+    assert counts[1] > counts[0] + 30
