@@ -194,7 +194,7 @@ def _reductions(tensor: torch.Tensor, form: SpecFormat) -> list[float]:
     dtype = tensor.dtype
     data = tensor if dtype in SPEC_STAT_DTYPES or dtype == torch.float64 else tensor.float()
     low, high = torch.aminmax(data)
-    bounded = _std_bound_path(data)
+    bounded = None if data.numel() < std_bound.MIN_DOUBLE_ELEMENTS else _std_bound_path(data)
     if bounded:
         mean, lowest, highest = _fetch(data.mean(), low, high)
         if math.isfinite(lowest) and math.isfinite(highest):
@@ -263,9 +263,9 @@ def stats_path(tensor: torch.Tensor) -> int:
 def summarize(tensor: torch.Tensor) -> TensorSummary:
     """Statistics and non-finite counts of ``tensor``, computed and read now (empty for a tensor without
     statistics: see :func:`has_stats`)."""
-    if not has_stats(tensor):
-        return NO_STATS
     dtype = tensor.dtype
+    if not dtype.is_floating_point or tensor.numel() == 0 or tensor.layout != torch.strided or tensor.is_meta:
+        return NO_STATS  # as has_stats, inline: this runs for every tensor recorded on the CPU
     spec_dtype = dtype in SPEC_STAT_DTYPES
     if spec_dtype and _needs_reference_path(tensor):
         return _reference_summary(tensor)

@@ -143,6 +143,8 @@ class StepNumbers:
     def derive(self, old: TensorRecord, new: TensorRecord, sketch: Any = _KEEP) -> TensorRecord:
         """``new`` is a copy of ``old`` (with ``sketch``'s fingerprint instead when given): it is completed with the
         numbers ``old`` waits for. Returns ``new``."""
+        if not self._fills and sketch is _KEEP:
+            return new  # nothing waits (the CPU reads at once)
         fill = self._fills.get(id(old))
         summary, kept_sketch = (fill[1], fill[2]) if fill is not None and fill[0] is old else (-1, None)
         if sketch is not _KEEP:
