@@ -12,7 +12,8 @@ the goals were set), after one untimed warm-up run each. Printed per model and m
 - ``written``: bytes the run left in its output directory.
 
 ``--quick`` runs the two small models and the main modes; ``make benchmark`` runs everything and takes about 45 minutes
-on two cores. ``--markdown FILE`` also writes the table as Markdown.
+on two cores. ``--markdown FILE`` also writes the table as Markdown. ``--device cuda`` times capture on an
+accelerator instead (``benchmarks/device.py``; a machine without one prints a line saying so and exits 0).
 """
 
 from __future__ import annotations
@@ -161,7 +162,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, help="timed rounds per model (default 7, quick 3)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
     parser.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
+    parser.add_argument(
+        "--device",
+        help="time on this accelerator (cuda, cuda:1, ...) instead: plain vs capture vs transformers' tool on "
+        "GPT-2 small and a 1.1B Llama, the device synchronized around each run; skipped where there is none",
+    )
+    parser.add_argument("--dtype", default="bfloat16", help="the models' dtype with --device (default bfloat16)")
     args = parser.parse_args(argv)
+    if args.device is not None:
+        from benchmarks.device import main as device_main
+
+        models = args.models.split(",") if args.models else None
+        unknown = [m for m in models or () if m not in MODELS]
+        if unknown:
+            parser.error(f"unknown model: {', '.join(unknown)}")
+        try:
+            return device_main(args.device, models, args.repeats or 7, args.dtype)
+        except ValueError as exc:
+            parser.error(str(exc))
 
     models = args.models.split(",") if args.models else list(QUICK_MODELS if args.quick else MODELS)
     modes = args.modes.split(",") if args.modes else list(QUICK_MODES if args.quick else MODES)

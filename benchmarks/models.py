@@ -70,19 +70,28 @@ def gpt2_small() -> tuple[torch.nn.Module, dict[str, Any]]:
     return _eval(GPT2LMHeadModel(config)), {"input_ids": _ids(config.vocab_size, 128)}
 
 
-def llama_085b() -> tuple[torch.nn.Module, dict[str, Any]]:
+def _tinyllama(layers: int) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """TinyLlama's shapes (hidden 2048, 32 heads, 4 key/value heads) with ``layers`` layers, on 256 tokens."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(  # TinyLlama's shapes with 16 layers: 0.84B parameters
+    config = LlamaConfig(
         vocab_size=32000,
         hidden_size=2048,
         intermediate_size=5632,
-        num_hidden_layers=16,
+        num_hidden_layers=layers,
         num_attention_heads=32,
         num_key_value_heads=4,
         max_position_embeddings=2048,
     )
     return _eval(LlamaForCausalLM(config)), {"input_ids": _ids(config.vocab_size, 256)}
+
+
+def llama_085b() -> tuple[torch.nn.Module, dict[str, Any]]:
+    return _tinyllama(16)  # 0.84B parameters
+
+
+def llama_11b() -> tuple[torch.nn.Module, dict[str, Any]]:
+    return _tinyllama(22)  # TinyLlama-1.1B itself: the device benchmark's 1B Llama
 
 
 MODELS: dict[str, BenchModel] = {
@@ -93,6 +102,7 @@ MODELS: dict[str, BenchModel] = {
         BenchModel("bert-base", "BERT-base, 128 tokens", bert_base),
         BenchModel("gpt2-small", "GPT-2 small, 128 tokens", gpt2_small),
         BenchModel("llama-0.85b", "Llama, hidden 2048, 16 layers (0.84B), 256 tokens", llama_085b),
+        BenchModel("llama-1.1b", "Llama, hidden 2048, 22 layers (1.1B), 256 tokens", llama_11b),
     )
 }
 

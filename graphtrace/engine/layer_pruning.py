@@ -12,7 +12,7 @@ they would have held; dropped calls keep their statistics but no values.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -36,8 +36,9 @@ class _Block:
 class LayerBlockDeferral:
     """The recorder's bookkeeping of deferred blocks (see the module docstring)."""
 
-    def __init__(self, sink: ValueSink) -> None:
+    def __init__(self, sink: ValueSink, derive: Callable[[TensorRecord, TensorRecord], TensorRecord]) -> None:
         self.sink = sink
+        self._derive = derive  # a copy of a record whose numbers are still to be read is announced (step_numbers)
         self._open: _Block | None = None  # the deferred block now running (its nested calls are deferred with it)
         self._snapshots: dict[object, Any] = {}  # per tensor version (the recorder's key) within the open block
         self._pending: dict[int, _Block] = {}  # per parent frame: the finished block that may be the last
@@ -59,7 +60,7 @@ class LayerBlockDeferral:
         snapshot = self._snapshots.get(key)
         if snapshot is None:
             snapshot = self._snapshots[key] = self.sink.snapshot(tensor, name)
-        placeholder = record.with_value(record.value, record.file)  # its own identity
+        placeholder = self._derive(record, record.with_value(record.value, record.file))  # its own identity
         self._open.values.append((placeholder, snapshot, name))
         return placeholder
 
@@ -97,7 +98,7 @@ class LayerBlockDeferral:
             value = stored.get(id(snapshot))
             if value is None or self.sink.per_name:
                 value = stored[id(snapshot)] = self.sink.store_snapshot(snapshot, name)
-            kept[id(placeholder)] = placeholder.with_value(*value)
+            kept[id(placeholder)] = self._derive(placeholder, placeholder.with_value(*value))
         assert block.node is not None
         return _with_records(block.node, kept)
 

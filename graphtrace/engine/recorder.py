@@ -5,6 +5,9 @@ returns, a call raises. The recorder keeps the call stack, numbers repeated call
 tensors into :class:`~graphtrace.model.TensorRecord`\\ s and assembles the :class:`~graphtrace.model.CallNode` tree.
 Each top-level call becomes a *step*; a call that starts outside any top-level call is not recorded, unless
 ``detached_steps`` makes it a step of its own (``generate()`` runs an encoder-decoder model's encoder that way).
+Off the CPU, a record's statistics and fingerprint are computed on the tensor's device as it is recorded and read
+back with the rest of its step's when the step ends (:mod:`graphtrace.engine.step_numbers`): capture does not wait
+for a device once per tensor.
 
 Not thread-safe: one recorder follows one forward at a time.
 """
@@ -22,7 +25,17 @@ from graphtrace.engine.caches import StepCache, find_cache
 from graphtrace.engine.collector import CollectorPause
 from graphtrace.engine.frame import Frame, ValueSink
 from graphtrace.engine.layer_pruning import LayerBlockDeferral
-from graphtrace.engine.stats import NO_STATS, TensorSummary, row_sketch, summarize
+from graphtrace.engine.stats import (
+    AT_ONCE,
+    NO_STATS,
+    QUEUED,
+    TensorSummary,
+    has_stats,
+    row_sketch,
+    stats_path,
+    summarize,
+)
+from graphtrace.engine.step_numbers import StepNumbers
 from graphtrace.errors import describe_error
 from graphtrace.model import CallKind, CallNode, DTensorInfo, SourceLine, StepInfo, TensorRecord, Value
 from graphtrace.reprs import sanitize_repr, spec_printoptions
@@ -36,15 +49,18 @@ class _Seen:
     """What is known about a tensor object already met in this step (valid while its version is unchanged): its
     record without a value, and once stored, its record with the value (reused when the sink allows)."""
 
-    __slots__ = ("ref", "version", "grad_mode", "record", "stored", "producer")
+    __slots__ = ("ref", "version", "grad_mode", "record", "stored", "producer", "sketched")
 
-    def __init__(self, tensor: torch.Tensor, version: int, grad_mode: bool, record: TensorRecord) -> None:
+    def __init__(
+        self, tensor: torch.Tensor, version: int, grad_mode: bool, record: TensorRecord, sketched: bool
+    ) -> None:
         self.ref = weakref.ref(tensor)
         self.version = version
         self.grad_mode = grad_mode
         self.record = record
         self.stored: TensorRecord | None = None
         self.producer: str | None = None
+        self.sketched = sketched  # its record has (or waits for) a fingerprint
 
 
 def _dtensor_info(value: Any) -> DTensorInfo | None:
@@ -89,8 +105,10 @@ class Recorder:
         self.sketches = sketches  # value fingerprints, for traces that keep no full values
         self.select = select
         self.calls = 0
+        self._numbers = StepNumbers()
         # With pruning ahead, blocks that it will drop get no values (see layer_pruning); sinks opt in.
-        self._deferral = LayerBlockDeferral(sink) if prune_layers and sink is not None else None
+        deferral = LayerBlockDeferral(sink, self._numbers.derive) if prune_layers and sink is not None else None
+        self._deferral = deferral
         self._linewidth = sink.linewidth if sink is not None else None
         self._named = sink is not None  # values are stored under file names; without a sink no name is read
         self.on_step = on_step
@@ -110,7 +128,8 @@ class Recorder:
 
     def close(self) -> None:
         """The capture is over: garbage collection resumes, also when a step never ended (a call that did not
-        return)."""
+        return), and the numbers such a step left waiting are dropped."""
+        self._numbers.clear()
         self.collector.release_all()
 
     # -- events -----------------------------------------------------------------------------------------------------
@@ -142,6 +161,7 @@ class Recorder:
                 self._counts = {}
                 self._seen = {}
                 self._aliases = {}
+                self._numbers.clear()  # left by a step that never ended
                 if self.step_caches:
                     cache = find_cache((*args, *kwargs.values()))
                     self._step_cache = StepCache(cache) if cache is not None else None
@@ -234,6 +254,7 @@ class Recorder:
         if self.step_caches:
             watched, self._step_cache = self._step_cache, None
             self.step_info.append(watched.step_info(self._state_tensor) if watched is not None else StepInfo())
+        self._numbers.read()  # the step's one read of its numbers: its records are complete from here on
         if self.keep_steps:
             self.steps.append(node)
         self._step_count += 1
@@ -335,8 +356,13 @@ class Recorder:
         # too (ids, positions, a relative position's buckets): few and small, and their only fingerprint
         sketch = self.sketches and (produced or _integral(tensor.dtype))
         seen = self._remember(tensor, sketch)
-        if sketch and seen.record.sketch is None and seen.record.stats is not None:  # met before as an argument
-            seen.record = seen.record.with_sketch(row_sketch(tensor))
+        if sketch and not seen.sketched and has_stats(tensor):  # met before as an argument
+            numbers = self._numbers
+            if numbers.at_once(tensor):
+                seen.record = seen.record.with_sketch(row_sketch(tensor))
+            else:
+                seen.record = numbers.derive(seen.record, seen.record.with_sketch(None), numbers.fingerprint(tensor))
+            seen.sketched = True
         if frame.kind == "op" and frame.source is None:
             pass  # an fx op record: its data flow comes from the graph
         elif produced:
@@ -353,16 +379,17 @@ class Recorder:
         elif self._deferral is not None and self._deferral.deferring and seen.stored is None:
             record = self._deferral.defer(seen.record, tensor, seen, name)
         elif sink.per_name:
-            record = seen.record.with_value(*sink.store(tensor, name))
+            record = self._numbers.derive(seen.record, seen.record.with_value(*sink.store(tensor, name)))
             if seen.stored is None:
                 seen.stored = record
         else:
             stored = seen.stored
             if stored is None:
-                stored = seen.stored = seen.record.with_value(*sink.store(tensor, name))
+                value = sink.store(tensor, name)
+                stored = seen.stored = self._numbers.derive(seen.record, seen.record.with_value(*value))
             record = stored
         if dtensor is not None:
-            record = dataclasses.replace(record, dtensor=dtensor)
+            record = self._numbers.derive(record, dataclasses.replace(record, dtensor=dtensor))
         return record
 
     def _state_tensor(self, value: torch.Tensor, statistics: bool) -> TensorRecord:
@@ -371,7 +398,7 @@ class Recorder:
         if hasattr(value, "_local_tensor"):
             value, dtensor = value._local_tensor, _dtensor_info(value)
         record = self._remember(value).record if statistics else _record(value, NO_STATS)
-        return record if dtensor is None else dataclasses.replace(record, dtensor=dtensor)
+        return record if dtensor is None else self._numbers.derive(record, dataclasses.replace(record, dtensor=dtensor))
 
     def _remember(self, tensor: torch.Tensor, sketch: bool = False) -> _Seen:
         """The cached facts about ``tensor``, recomputed when it is new or was modified in place since (a new record
@@ -381,31 +408,47 @@ class Recorder:
         try:
             version = tensor._version
         except RuntimeError:  # inference tensors have no version counter: never reuse
-            return _Seen(tensor, -1, grad_mode, _record(tensor, sketch=sketch))
+            return _Seen(tensor, -1, grad_mode, self._record(tensor, sketch), sketch)
         old = self._seen.get(key)
         producer = None
         if old is not None and old.ref() is tensor:
             if old.version == version and old.grad_mode == grad_mode:
                 return old
             producer = old.producer  # modified in place since: new statistics, same origin
-        seen = _Seen(tensor, version, grad_mode, _record(tensor, sketch=sketch))
+        seen = _Seen(tensor, version, grad_mode, self._record(tensor, sketch), sketch)
         seen.producer = producer
         self._seen[key] = seen
         return seen
+
+    def _record(self, tensor: torch.Tensor, sketch: bool) -> TensorRecord:
+        """A new record of ``tensor`` with its statistics (and its fingerprint when ``sketch``), no value: read at
+        once on the CPU, otherwise queued and the record completed with its step."""
+        numbers = self._numbers
+        if numbers.at_once(tensor):
+            return _record(tensor, summarize(tensor), row_sketch(tensor) if sketch else None)
+        summary = -1
+        path = stats_path(tensor)
+        if path == QUEUED:
+            record = _record(tensor, NO_STATS)
+            summary = numbers.summary(tensor)
+        else:
+            record = _record(tensor, summarize(tensor) if path == AT_ONCE else NO_STATS)
+        fingerprint = numbers.fingerprint(tensor) if sketch else None
+        if summary >= 0 or fingerprint is not None:
+            numbers.pending(record, summary, fingerprint)
+        return record
 
 
 _dtype_names: dict[torch.dtype, str] = {}
 
 
-def _record(tensor: torch.Tensor, summary: TensorSummary | None = None, *, sketch: bool = False) -> TensorRecord:
-    """The record of ``tensor``: shape, dtype, device and statistics (computed unless given), with the value
-    fingerprint when ``sketch`` and there are statistics (one record built, not a copy of one), no value."""
+def _record(tensor: torch.Tensor, summary: TensorSummary, sketch: tuple[float, ...] | None = None) -> TensorRecord:
+    """The record of ``tensor``: shape, dtype, device, the statistics of ``summary`` and the fingerprint ``sketch``,
+    no value."""
     dtype = tensor.dtype
     dtype_name = _dtype_names.get(dtype)
     if dtype_name is None:
         dtype_name = _dtype_names[dtype] = str(dtype)
-    if summary is None:
-        summary = summarize(tensor)
     stats = summary.stats
     return TensorRecord(
         tuple(tensor.shape),
@@ -418,10 +461,10 @@ def _record(tensor: torch.Tensor, summary: TensorSummary | None = None, *, sketc
         None,  # value
         None,  # file
         None,  # dtensor
-        row_sketch(tensor) if sketch and (stats is not None or _integral(dtype)) else None,
+        sketch,
     )
 
 
 def _integral(dtype: torch.dtype) -> bool:
-    """An integer or boolean dtype: no statistics, but a fingerprint (see row_sketch)."""
+    """An integer or boolean dtype: no statistics, but a fingerprint (see stats.fingerprint)."""
     return not dtype.is_floating_point and not dtype.is_complex

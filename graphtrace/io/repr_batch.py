@@ -34,15 +34,16 @@ _NO_SIGN = ord(_NO_SIGN_TEXT)
 
 
 class PrintedValues(NamedTuple):
-    """What the repr of a plain tensor is made of: its printed elements (for a floating dtype a 1-d tensor of them,
-    a copy; otherwise as ``tolist()`` gives them), its shape, whether it is floating, torch's suffixes and the print
-    options."""
+    """What the repr of a plain tensor is made of: its printed elements (a 1-d host tensor of them, a copy, or as
+    ``tolist()`` gives them), its shape, whether it is floating, torch's suffixes and the print options; ``ready``,
+    when the elements are still on their way from a device, is the event to wait for before reading them."""
 
     values: torch.Tensor | list[Any]
     shape: tuple[int, ...]
     floating: bool
     suffixes: tuple[str, ...]
     options: PrintOptions
+    ready: Any = None
 
 
 class _Frame(NamedTuple):
@@ -72,43 +73,79 @@ def _frame(printed: PrintedValues, negative: bool) -> _Frame:
     return frame
 
 
-def _lines(printed: PrintedValues | tuple[str, ...]) -> tuple[str, ...]:
-    """One tensor's lines by :func:`tensor_text` (or the lines torch's printer gave)."""
-    if isinstance(printed, PrintedValues):
-        values = printed.values
-        plain = values.tolist() if isinstance(values, torch.Tensor) else values
-        return tuple(
-            tensor_text(plain, printed.shape, printed.floating, printed.suffixes, printed.options).splitlines()
-        )
-    return printed
+def _lines_each(batch: Sequence[PrintedValues | tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """Each tensor's lines by :func:`tensor_text` (or the lines torch's printer gave), the printed elements of all
+    read at once per dtype (one ``tolist()`` each, not one per tensor)."""
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for index, printed in enumerate(batch):
+        if isinstance(printed, PrintedValues) and isinstance(printed.values, torch.Tensor):
+            by_dtype.setdefault(printed.values.dtype, []).append(index)
+    plain: list[Any] = [None] * len(batch)
+    for indices in by_dtype.values():
+        tensors: list[torch.Tensor] = [batch[index].values for index in indices]  # type: ignore[union-attr,misc]
+        values = (tensors[0] if len(tensors) == 1 else torch.cat(tensors)).tolist()
+        at = 0
+        for index, tensor in zip(indices, tensors):
+            size = tensor.numel()
+            plain[index] = values[at : at + size]
+            at += size
+    lines: list[tuple[str, ...]] = []
+    for printed, values in zip(batch, plain):
+        if isinstance(printed, PrintedValues):
+            shown: Any = printed.values if values is None else values  # None: already as tolist() gives them
+            text = tensor_text(shown, printed.shape, printed.floating, printed.suffixes, printed.options)
+            lines.append(tuple(text.splitlines()))
+        else:
+            lines.append(printed)
+    return lines
 
 
 def lines_of_all(batch: Sequence[PrintedValues | tuple[str, ...]]) -> list[tuple[str, ...]]:
-    """The repr lines of each tensor in ``batch``, exactly as :func:`tensor_text` gives them."""
+    """The repr lines of each tensor in ``batch``, exactly as :func:`tensor_text` gives them (the copies still
+    arriving from a device waited for first)."""
+    _wait(batch)
     lines: list[tuple[str, ...] | None] = [None] * len(batch)
     by_precision: dict[int, list[int]] = {}
+    singles: list[int] = []
     for index, printed in enumerate(batch):
         if (
             isinstance(printed, PrintedValues)
+            and printed.floating
             and isinstance(printed.values, torch.Tensor)
             and 1 <= printed.options[0] <= MAX_PRECISION
         ):
             by_precision.setdefault(printed.options[0], []).append(index)
         else:
-            lines[index] = _lines(printed)
+            singles.append(index)
     for precision, indices in by_precision.items():
         group: list[PrintedValues] = [batch[index] for index in indices]  # type: ignore[misc]
         counts = [printed.values.numel() for printed in group]  # type: ignore[union-attr]
         if sum(counts) < BATCH_MIN_VALUES:
-            texts = [_lines(printed) for printed in group]
-        else:
-            texts = _floating_lines(group, counts, precision)
-        for index, text in zip(indices, texts):
-            lines[index] = text
+            singles += indices
+            continue
+        for index, text in zip(indices, _floating_lines(group, counts, precision)):
+            if text is None:
+                singles.append(index)
+            else:
+                lines[index] = text
+    for index, text in zip(singles, _lines_each([batch[index] for index in singles])):
+        lines[index] = text
     return lines  # type: ignore[return-value]
 
 
-def _floating_lines(group: list[PrintedValues], sizes: list[int], precision: int) -> list[tuple[str, ...]]:
+def _wait(batch: Sequence[PrintedValues | tuple[str, ...]]) -> None:
+    """Wait for the copies from devices in ``batch`` (their events, each once)."""
+    waited: set[int] = set()
+    for printed in batch:
+        ready = printed.ready if isinstance(printed, PrintedValues) else None
+        if ready is not None and id(ready) not in waited:
+            waited.add(id(ready))
+            ready.synchronize()
+
+
+def _floating_lines(group: list[PrintedValues], sizes: list[int], precision: int) -> list[tuple[str, ...] | None]:
+    """The lines of each tensor of ``group`` filled into its frame; None for one whose fields would not all be of
+    torch's widest width (it takes :func:`tensor_text`)."""
     tensors: list[torch.Tensor] = [printed.values for printed in group]  # type: ignore[misc]
     counts = torch.tensor(sizes, device=_CPU)
     values = torch.cat(tensors).to(torch.float64)
@@ -121,10 +158,10 @@ def _floating_lines(group: list[PrintedValues], sizes: list[int], precision: int
     for (irregulars, nonzeros, negatives, signed), printed in zip(tallies, group):
         filled = irregulars == 0 and nonzeros > 0 and (negatives > 0) == (signed > 0)
         frames.append(_frame(printed, negatives > 0) if filled else None)
-    lines: list[tuple[str, ...] | None] = [None if frame else _lines(printed) for frame, printed in zip(frames, group)]
+    lines: list[tuple[str, ...] | None] = [None] * len(group)
     used = [frame for frame in frames if frame is not None]
     if not used:
-        return lines  # type: ignore[return-value]
+        return lines
     signless = torch.tensor([tally[2] == 0 for tally in tallies], device=_CPU)
     chars[:, 0].masked_fill_(signless.index_select(0, owner), _NO_SIGN)
     if len(used) < len(frames):
@@ -137,7 +174,7 @@ def _floating_lines(group: list[PrintedValues], sizes: list[int], precision: int
         if frame is not None:
             lines[index] = tuple(text[at : at + frame.line_count])
             at += frame.line_count
-    return lines  # type: ignore[return-value]
+    return lines
 
 
 class ReprBatch:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from graphtrace.reprs import with_suffixes
+
 __all__ = ["PrintOptions", "blank_text", "shown_sizes", "tensor_text"]
 
 PrintOptions = tuple[int, float, int, int]
@@ -126,27 +128,12 @@ def _sci_text(
     return text if len(text) == length else None
 
 
-def _with_suffixes(text: str, suffixes: Sequence[str], linewidth: int) -> str:
-    """``text`` (a tensor's repr up to its values) closed with torch's suffixes, as ``_add_suffixes`` wraps them."""
-    last_line = len(text) - text.rfind("\n") + 1  # torch's own arithmetic, off by one included
-    parts = [text]
-    for suffix in suffixes:
-        if last_line + len(suffix) + 2 > linewidth:
-            parts.append(",\n" + " " * _INDENT + suffix)
-            last_line = _INDENT + len(suffix)
-        else:
-            parts.append(", " + suffix)
-            last_line += len(suffix) + 2
-    parts.append(")")
-    return "".join(parts)
-
-
 def blank_text(shape: Sequence[int], width: int, suffixes: Sequence[str], options: PrintOptions) -> str:
     """The text :func:`tensor_text` gives for a tensor of ``shape`` whose printed elements are floating, finite, some
     non-zero, and each exactly ``width`` characters wide (the widest's width), with a NUL in place of every character
     of every element: a frame that :mod:`graphtrace.io.repr_batch` fills."""
     sizes, cuts = shown_sizes(shape, options)
-    return _with_suffixes(_layout(sizes, cuts, width, "\0" * width, options), suffixes, options[3])
+    return with_suffixes(_layout(sizes, cuts, width, "\0" * width, options), suffixes, options[3])
 
 
 def tensor_text(
@@ -165,9 +152,9 @@ def tensor_text(
     if floating:
         text = _sci_text(values, sizes, cuts, options)
         if text is not None:
-            return _with_suffixes(text, suffixes, options[3])
+            return with_suffixes(text, suffixes, options[3])
         strings, width = _float_strings(values, options[0])
     else:
         strings = list(map(str, values))
         width = max(map(len, strings))
-    return _with_suffixes(_layout(sizes, cuts, width, f"{{:>{width}}}", options).format(*strings), suffixes, options[3])
+    return with_suffixes(_layout(sizes, cuts, width, f"{{:>{width}}}", options).format(*strings), suffixes, options[3])

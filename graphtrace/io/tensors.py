@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 
 from graphtrace.errors import OutputPathError, TraceFormatError, UnsupportedTensorError
 from graphtrace.io.file_writer import BackgroundWriter
+from graphtrace.io.host_copy import HostTensor, to_host
 from graphtrace.io.repr_batch import PrintedValues, ReprBatch
 from graphtrace.io.safe_paths import check_regular_file, create_new, inside, write_atomic
 from graphtrace.io.safetensors_format import DTYPE_NAMES, bundle_header, single_tensor_header, split_reference
@@ -67,9 +68,10 @@ class ReprSink:
         """No writer to stop."""
 
 
-def _host_tensor(tensor: torch.Tensor, name: str) -> torch.Tensor:
+def _host_tensor(tensor: torch.Tensor, name: str) -> HostTensor:
+    """``tensor``'s values, dense, on their way to the host (see host_copy: nothing waits for a device here)."""
     try:
-        return tensor.detach().contiguous().cpu().resolve_conj().resolve_neg()
+        return to_host(tensor.detach().resolve_conj().resolve_neg().contiguous())
     except (RuntimeError, NotImplementedError) as exc:
         raise UnsupportedTensorError(
             f"cannot store tensor {name!r} ({tensor.dtype}, layout {tensor.layout}) as safetensors: {exc}. "
@@ -101,8 +103,9 @@ class _FileSink:
     """Streams tensors into files in ``directory`` through a :class:`BackgroundWriter`.
 
     The writer may still be writing when :meth:`store` returns, so a tensor that shares memory with the model's is
-    copied first (the model may change it in place). :meth:`finish` waits for the files of a step; :meth:`close`
-    also stops the writer's thread."""
+    copied first (the model may change it in place). A device tensor's copy to the host is waited for by the
+    writer's thread, before it writes. :meth:`finish` waits for the files of a step; :meth:`close` also stops the
+    writer's thread."""
 
     linewidth: int | None = None  # transformers leaves the line width alone in this mode
 
@@ -116,22 +119,25 @@ class _FileSink:
     def _lose(self, directory: Path, reference: str) -> None:
         self.lost.setdefault(directory, set()).add(reference)
 
-    def _owned(self, data: torch.Tensor, tensor: torch.Tensor, *, later: bool = False) -> torch.Tensor:
-        """``data`` (the host copy of ``tensor``), copied if it shares memory with ``tensor`` and is written after
+    def _owned(self, host: HostTensor, tensor: torch.Tensor, *, later: bool = False) -> HostTensor:
+        """``host`` (the host copy of ``tensor``), copied if it shares memory with ``tensor`` and is written after
         the caller returns."""
+        data = host.data
+        if host.ready is not None:
+            return host  # a copy from a device: its own memory
         queued = later or data.numel() * data.element_size() < self.writer.queue_bytes
         if queued and data.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
-            return data.clone()
-        return data
+            return HostTensor(data.clone())
+        return host
 
     def store(self, tensor: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
         return self.store_snapshot(self._owned(_host_tensor(tensor, name), tensor), name)
 
-    def snapshot(self, tensor: torch.Tensor, name: str) -> torch.Tensor:
+    def snapshot(self, tensor: torch.Tensor, name: str) -> HostTensor:
         """A copy of ``tensor`` on the host, written by :meth:`store_snapshot` if the value is wanted after all."""
         return self._owned(_host_tensor(tensor, name), tensor, later=True)
 
-    def store_snapshot(self, data: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
+    def store_snapshot(self, host: HostTensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
         raise NotImplementedError
 
     def finish(self) -> None:
@@ -187,13 +193,14 @@ class SafetensorsSink(_FileSink):
             pass
         return result
 
-    def store_snapshot(self, data: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
+    def store_snapshot(self, host: HostTensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
         target = self.directory / _file_name(name)
+        data = host.data
         dtype = str(data.dtype)
         if dtype not in DTYPE_NAMES:
             self.writer.drain()
             try:
-                _save_file(data, target, name)
+                _save_file(host.wait(), target, name)
             except OutputPathError:
                 self._lose(self.directory, f"./{target.name}")
                 raise
@@ -206,7 +213,7 @@ class SafetensorsSink(_FileSink):
                 fd = create_new(target)
                 try:
                     _write_at(fd, memoryview(header), 0)
-                    _write_at(fd, _memory(data), len(header))
+                    _write_at(fd, _memory(host.wait()), len(header))
                 finally:
                     os.close(fd)
             except OSError as exc:
@@ -367,7 +374,8 @@ class BundleSink(_FileSink):
 
         self._submit(complete, 0)
 
-    def store_snapshot(self, data: torch.Tensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
+    def store_snapshot(self, host: HostTensor, name: str) -> tuple[tuple[str, ...] | None, str | None]:
+        data = host.data
         dtype = str(data.dtype)
         if dtype not in DTYPE_NAMES:
             raise UnsupportedTensorError(
@@ -385,7 +393,7 @@ class BundleSink(_FileSink):
 
         def write() -> None:
             try:
-                _write_at(fd, _memory(data), at)
+                _write_at(fd, _memory(host.wait()), at)
             except OSError as exc:
                 raise _output_error(target, exc) from exc
 
