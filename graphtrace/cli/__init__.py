@@ -1,8 +1,8 @@
-"""The ``graphtrace`` command: ``demo``, ``capture``, ``show``, ``render``, ``view``, ``diff``.
+"""The ``graphtrace`` command: ``demo``, ``capture``, ``show``, ``render``, ``view``, ``diff``, ``check``.
 
 Each subcommand lives in its own module with ``add_parser(subparsers)``, which sets the function that runs it.
 ``show``, ``render``, ``view`` and ``diff`` read saved traces and never need the model. Exit codes: 0 success, 1 a
-difference found (``diff``), 2 bad input (a message on stderr, no traceback).
+difference found (``diff``, ``check``), 2 bad input (a message on stderr, no traceback).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ __all__ = ["main"]
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_BAD_INPUT = 0, 1, 2
 
-_SUBCOMMANDS = ("demo", "capture", "show", "render", "view", "diff")
+_SUBCOMMANDS = ("demo", "capture", "show", "render", "view", "diff", "check")
 
 
 def _parser() -> argparse.ArgumentParser:
