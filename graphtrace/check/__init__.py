@@ -9,9 +9,9 @@ This package's top is torch-free, so that ``import graphtrace`` stays cheap and 
 function: the work is imported when a check runs. Modules: :mod:`~graphtrace.check.views` (how a value of the
 original is laid out in the port: the seam with the diff's correspondence), :mod:`~graphtrace.check.live` (the
 port's calls as they happened), :mod:`~graphtrace.check.alone` (one module run alone, safely),
-:mod:`~graphtrace.check.values` (the original's values), :mod:`~graphtrace.check.judge` (the local verdicts),
-:mod:`~graphtrace.check.run` (end to end), :mod:`~graphtrace.check.report` and :mod:`~graphtrace.check.text` (the
-result, its JSON and its table).
+:mod:`~graphtrace.check.values` (the original's values), :mod:`~graphtrace.check.reference` (the original's saved
+trace), :mod:`~graphtrace.check.judge` (the local verdicts), :mod:`~graphtrace.check.run` (end to end),
+:mod:`~graphtrace.check.report` and :mod:`~graphtrace.check.text` (the result, its JSON and its table).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from graphtrace.check.reference import reference_trace
 from graphtrace.check.report import CheckReport, ModuleCheck, Verdict
 from graphtrace.compare.rules import parse_rules
 from graphtrace.errors import InvalidOptionError
@@ -29,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from graphtrace.check.run import Reference
 
-__all__ = ["CheckReport", "ModuleCheck", "Verdict", "check"]
+__all__ = ["CheckReport", "ModuleCheck", "Verdict", "check", "reference_trace"]
 
 
 def _tolerance(name: str, value: object) -> float | None:

@@ -22,13 +22,13 @@ from graphtrace.api import capture, check_model
 from graphtrace.check.alone import Guard, state_kept
 from graphtrace.check.judge import Judge, settle
 from graphtrace.check.live import LiveCalls
+from graphtrace.check.reference import reference_trace
 from graphtrace.check.report import CheckReport
 from graphtrace.check.values import OriginalValues
 from graphtrace.compare import CallDiff, Comparison, Tolerance
 from graphtrace.compare import compare as compare_traces
 from graphtrace.compare.align import returned_order
-from graphtrace.conveniences import load, open_values
-from graphtrace.errors import InvalidOptionError
+from graphtrace.conveniences import open_values
 from graphtrace.model import Trace
 
 __all__ = ["run_check"]
@@ -45,12 +45,6 @@ def _generators_kept(model: nn.Module) -> Iterator[None]:
         yield
 
 
-def _has_values(trace: Trace) -> bool:
-    return bool(trace.steps) and any(
-        record.file for node in trace.steps[0].walk() for _, record in (*node.input_tensors(), *node.output_tensors())
-    )
-
-
 def _reference(reference: Any, stack: ExitStack) -> tuple[Trace, str]:
     """The original's trace with full values, and how the report names it; a live original is captured into a
     temporary directory that lasts as long as ``stack``."""
@@ -60,22 +54,7 @@ def _reference(reference: Any, stack: ExitStack) -> tuple[Trace, str]:
         with _generators_kept(model), state_kept(model):
             trace = capture(model, inputs, path=Path(folder) / "original", values="bundle", strategy="eager")
         return trace, f"{type(model).__name__} (captured for the check)"
-    if isinstance(reference, (str, os.PathLike)):
-        trace, label = load(reference), str(reference)
-    elif isinstance(reference, Trace):
-        trace, label = reference, reference.directory or reference.meta.model_class
-    else:
-        raise InvalidOptionError(
-            f"reference must be the original's saved trace (a directory captured with values='bundle' or "
-            f"'safetensors'), a Trace, or an (original_model, original_inputs) pair; got {type(reference).__name__}."
-        )
-    if trace.directory is None or not _has_values(trace):
-        raise InvalidOptionError(
-            f"the original's trace {label} keeps no full values (captured with values={trace.meta.values!r}); the "
-            "check gives each module of the port the original's own inputs, so capture the original with "
-            "values='bundle' or 'safetensors', or pass reference=(original_model, original_inputs)."
-        )
-    return trace, label
+    return reference_trace(reference)
 
 
 def _grouped(comparison: Comparison) -> dict[int, list[CallDiff]]:
