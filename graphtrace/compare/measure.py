@@ -436,6 +436,7 @@ class _Elementwise:
     max_rel: float
     cosine: float
     shift: float  # the largest systematic shift of the mean, as a multiple of its tolerance (see _shift)
+    atol: float  # the absolute tolerance applied (normwise: raised to rtol times the largest differing magnitude)
 
 
 _LOWEST = {"torch.float16": -65504.0, "torch.bfloat16": -3.3895e38, "torch.float32": -3.4028e38}
@@ -448,61 +449,129 @@ def _masked(t: Any, dtype: str) -> Any:
     return t <= 0.5 * lowest
 
 
-def _elementwise(
-    a: Any, b: Any, rtol: float, atol: float, epsilon: float, dtypes: tuple[str, str] = ("", "")
-) -> _Elementwise:
-    """Differences of two flat float64 tensors, using tensor methods only."""
-    same = (a == b) | (a.isnan() & b.isnan())  # equal, or NaN in both, or the same infinity
+SLICE = 1 << 15
+"""Elements measured at a time: a slice's float64 temporaries stay in the processor's cache, where the twenty-odd
+elementwise passes over a whole tensor of logits (tens of megabytes each) would each go to memory."""
+
+
+class _Sums:
+    """What :func:`_elementwise` adds up over the slices of two flat tensors (see there)."""
+
+    def __init__(self) -> None:
+        self.differs = False
+        self.masked_alike = False
+        self.largest_differing = 0.0
+        self.max_abs = self.max_rel = 0.0
+        self.aa = self.bb = self.ab = 0.0
+        self.magnitude = self.delta = self.leaning = 0.0
+        self.outside = 0
+        self.delta_spread = self.leaning_spread = 0.0
+
+
+def _slices(a: Any, b: Any) -> Iterator[tuple[Any, Any]]:
+    """``a`` and ``b`` (flat) in slices of :data:`SLICE` elements, each as float64."""
+    for start in range(0, a.numel(), SLICE):
+        yield a[start : start + SLICE].double(), b[start : start + SLICE].double()
+
+
+def _prepared(a: Any, b: Any, dtypes: tuple[str, str], sums: _Sums | None) -> tuple[Any, Any, Any, Any, Any]:
+    """One slice's ``a`` and ``b`` with masked positions (masked in both, when ``dtypes`` are given) set to 0, and
+    which elements are the same (equal, NaN in both, the same infinity, masked in both), finite in both, and how far
+    apart (0 where the same, infinite where a NaN or an infinity is on one side only). With ``sums``, whether
+    masked positions differ in value is noted there."""
+    same = (a == b) | (a.isnan() & b.isnan())
     if dtypes[0]:
         masked = _masked(a, dtypes[0]) & _masked(b, dtypes[1])
         if bool(masked.any().item()):
             same = same | masked
+            if sums is not None and bool((masked & (a != b)).any().item()):
+                sums.masked_alike = True
             a, b = a.masked_fill(masked, 0.0), b.masked_fill(masked, 0.0)
     finite = a.isfinite() & b.isfinite()
     diff = (b - a).abs().masked_fill(same, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
-    scale = a.abs()
-    rel = (diff / scale).masked_fill(diff == 0, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
-    within = same | (finite & (diff <= atol + rtol * scale))  # a non-finite element is close only to itself
-    outside = int((~within).sum().item())
-    # over the elements finite in both; elementwise products and sums only (BLAS dot and boolean indexing stall
-    # on a busy machine's thread pool)
-    if not bool(diff.any().item()):
-        # identical (the common case): exactly 1, not 1 up to rounding, and no norms to compute
-        return _Elementwise(outside, 0.0, 0.0, 1.0, 0.0)
-    fa, fb = a.masked_fill(~finite, 0.0), b.masked_fill(~finite, 0.0)
-    norms = math.sqrt(float((fa * fa).sum().item())) * math.sqrt(float((fb * fb).sum().item()))
+    return a, b, same, finite, diff
+
+
+def _elementwise(
+    a: Any,
+    b: Any,
+    rtol: float,
+    atol: float,
+    epsilon: float,
+    dtypes: tuple[str, str] = ("", ""),
+    *,
+    normwise: bool = False,
+) -> tuple[_Elementwise, _Sums]:
+    """Differences of two flat tensors in float64, using tensor methods only, a slice at a time (two passes: the
+    second needs the tolerance and the means the first finds). With ``normwise``, ``atol`` is at least ``rtol``
+    times the largest magnitude of ``a`` among the elements that differ (finite, masked in neither)."""
+    sums = _Sums()
+    n = a.numel()
+    for ca, cb in _slices(a, b):
+        if normwise:
+            differing = (ca != cb) & ca.isfinite() & cb.isfinite() & ~_masked(ca, dtypes[0]) & ~_masked(cb, dtypes[1])
+            if bool(differing.any().item()):
+                largest = float(ca.masked_fill(~differing, 0.0).abs().max().item())
+                sums.largest_differing = max(sums.largest_differing, largest)
+        ca, cb, same, finite, diff = _prepared(ca, cb, dtypes, sums)
+        if not bool(diff.any().item()):
+            continue  # identical: nothing to add (the common case)
+        sums.differs = True
+        sums.max_abs = max(sums.max_abs, float(diff.max().item()))
+        rel = (diff / ca.abs()).masked_fill(diff == 0, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
+        sums.max_rel = max(sums.max_rel, float(rel.max().item()))
+        # the rest over the elements finite in both (fa, fb); elementwise products and sums only (BLAS dot and
+        # boolean indexing stall on a busy machine's thread pool)
+        fa, fb = ca.masked_fill(~finite, 0.0), cb.masked_fill(~finite, 0.0)
+        delta = fb - fa
+        sums.delta += float(delta.sum().item())
+        sums.leaning += float((delta * fa.sign()).sum().item())
+    if normwise:
+        atol = max(atol, rtol * sums.largest_differing)
+    if not sums.differs:  # identical: exactly 1, not 1 up to rounding, and no norms to compute
+        return _Elementwise(0, 0.0, 0.0, 1.0, 0.0, atol), sums
+    mean_delta, mean_leaning = sums.delta / n, sums.leaning / n
+    for ca, cb in _slices(a, b):
+        ca, cb, same, finite, diff = _prepared(ca, cb, dtypes, None)
+        within = same | (finite & (diff <= atol + rtol * ca.abs()))
+        sums.outside += int((~within).sum().item())
+        fa, fb = ca.masked_fill(~finite, 0.0), cb.masked_fill(~finite, 0.0)
+        sums.aa += float((fa * fa).sum().item())
+        sums.bb += float((fb * fb).sum().item())
+        sums.ab += float((fa * fb).sum().item())
+        sums.magnitude += float(fa.abs().sum().item())
+        delta = fb - fa
+        sums.delta_spread += float(((delta - mean_delta) ** 2).sum().item())
+        sums.leaning_spread += float(((delta * fa.sign() - mean_leaning) ** 2).sum().item())
+    norms = math.sqrt(sums.aa) * math.sqrt(sums.bb)
     if norms > 0:
-        cosine = max(-1.0, min(1.0, float((fa * fb).sum().item()) / norms))
+        cosine = max(-1.0, min(1.0, sums.ab / norms))
     else:
-        cosine = 1.0 if bool((fa == fb).all().item()) else 0.0
-    max_abs = float(diff.max().item()) if diff.numel() else 0.0
-    max_rel = float(rel.max().item()) if rel.numel() else 0.0
-    return _Elementwise(outside, max_abs, max_rel, cosine, _shift(fa, fb, rtol, atol, epsilon))
+        cosine = 1.0 if sums.aa == sums.bb == 0 else 0.0
+    found = _Elementwise(sums.outside, sums.max_abs, sums.max_rel, cosine, _shift(sums, n, rtol, atol, epsilon), atol)
+    return found, sums
 
 
-def _shift(fa: Any, fb: Any, rtol: float, atol: float, epsilon: float) -> float:
+def _shift(sums: _Sums, n: int, rtol: float, atol: float, epsilon: float) -> float:
     """How far the differences lean one way, as a multiple of what random differences allow (> 1: systematic).
 
     Two means are tested: of ``b - a`` (an offset) and of ``(b - a) * sign(a)`` (a scaling: a norm's eps, a wrong
     constant), each against :func:`aggregate_tolerance`. Honest rounding differences between two implementations
     cancel out in both; a small bug that moves every element by less than the element tolerance does not."""
-    n = fa.numel()
     if n < 2:
         return 0.0
-    delta = fb - fa
-    magnitude = float(fa.abs().mean().item())
+    magnitude = sums.magnitude / n
     allowed = aggregate_tolerance(n, magnitude, rtol, atol, epsilon)
     if allowed <= 0:
         return 0.0
-    offset = abs(float(delta.mean().item()))
-    leaning = delta * fa.sign()
-    scaling = abs(float(leaning.mean().item()))
+    offset, scaling = abs(sums.delta / n), abs(sums.leaning / n)
     ratio = max(offset, scaling) / allowed
     # the same two means against their own spread: a bug far below the element tolerance (a norm's eps) still leans
     # far beyond what its own differences scatter by, and beyond a few units of rounding
     floor = _ROUNDING_UNITS * epsilon * magnitude
     if floor > 0:
-        for mean, spread in ((offset, float(delta.std().item())), (scaling, float(leaning.std().item()))):
+        for mean, squares in ((offset, sums.delta_spread), (scaling, sums.leaning_spread)):
+            spread = math.sqrt(squares / (n - 1))
             if spread > 0:
                 t = mean / (spread / math.sqrt(n))
                 ratio = max(ratio, min(mean / floor, t / _LEANING_T))
@@ -598,18 +667,14 @@ def _from_values(ta: Any, tb: Any, base: dict[str, Any], normwise: bool, layout:
     rtol, atol = base["rtol"], base["atol"]
     epsilon = _epsilon(base["dtype_a"], base["dtype_b"])
     equivalence = base.pop("equivalence", "")
-    a = ta.detach().reshape(-1).double()
-    b = tb.detach().reshape(-1).double()
-    if normwise and a.numel():
-        # over the elements that differ, not over a mask's stand-ins for minus infinity that both share
-        differing = (a != b) & a.isfinite() & b.isfinite() & ~_masked(a, base["dtype_a"]) & ~_masked(b, base["dtype_b"])
-        atol = max(atol, rtol * float(a.masked_fill(~differing, 0.0).abs().max().item()))
+    a = ta.detach().reshape(-1)
+    b = tb.detach().reshape(-1)
     dtypes = (base["dtype_a"], base["dtype_b"])
-    found = _elementwise(a, b, rtol, atol, epsilon, dtypes)
-    if found.outside == 0 and bool((a != b).any().item()):
-        masked = _masked(a, dtypes[0]) & _masked(b, dtypes[1]) & (a != b)
-        if bool(masked.any().item()):
-            equivalence = _join(equivalence, "masked positions (-inf and the dtype's lowest value) compared alike")
+    # normwise: over the elements that differ, not over a mask's stand-ins for minus infinity that both share
+    found, sums = _elementwise(a, b, rtol, atol, epsilon, dtypes, normwise=normwise)
+    atol = found.atol
+    if found.outside == 0 and sums.masked_alike:
+        equivalence = _join(equivalence, "masked positions (-inf and the dtype's lowest value) compared alike")
     reorderable = ta.is_floating_point() and tb.is_floating_point()  # ids in another order are other ids
     if found.outside and reorderable and ta.shape[-1:] == tb.shape[-1:] and ta.dim() and ta.numel() == tb.numel():
         shaped_b = tb.detach().reshape(ta.shape).double()
@@ -620,7 +685,7 @@ def _from_values(ta: Any, tb: Any, base: dict[str, Any], normwise: bool, layout:
                 continue
             if not _within(head_rows[0], reorder(head_rows[1]), rtol, atol):
                 continue  # cheap refusal on the first rows before the whole tensor
-            trial = _elementwise(shaped_a.reshape(-1), reorder(shaped_b).reshape(-1), rtol, atol, epsilon)
+            trial, _ = _elementwise(shaped_a.reshape(-1), reorder(shaped_b).reshape(-1), rtol, atol, epsilon)
             if trial.outside == 0 and trial.shift <= 1.0:
                 found, equivalence = trial, _join(equivalence, f"equal up to a {description}")
                 base["layout"] = description
@@ -628,7 +693,7 @@ def _from_values(ta: Any, tb: Any, base: dict[str, Any], normwise: bool, layout:
         else:
             permutation = _general_permutation(shaped_a, shaped_b, rtol, atol) if layout in (None, PERMUTED) else None
             if permutation is not None:
-                trial = _elementwise(a, shaped_b[..., permutation].reshape(-1), rtol, atol, epsilon)
+                trial, _ = _elementwise(a, shaped_b[..., permutation].reshape(-1), rtol, atol, epsilon)
                 if trial.outside == 0 and trial.shift <= 1.0:
                     found, equivalence = trial, _join(equivalence, f"equal up to a {PERMUTED}")
                     base["layout"] = PERMUTED
