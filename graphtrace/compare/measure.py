@@ -21,7 +21,7 @@ import dataclasses
 import itertools
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -455,7 +455,7 @@ elementwise passes over a whole tensor of logits (tens of megabytes each) would 
 
 
 class _Sums:
-    """What :func:`_elementwise` adds up over the slices of two flat tensors (see there)."""
+    """What :func:`_elementwise` gathers over the slices of two flat tensors, in one pass (see there)."""
 
     def __init__(self) -> None:
         self.differs = False
@@ -463,9 +463,18 @@ class _Sums:
         self.largest_differing = 0.0
         self.max_abs = self.max_rel = 0.0
         self.aa = self.bb = self.ab = 0.0
-        self.magnitude = self.delta = self.leaning = 0.0
-        self.outside = 0
-        self.delta_spread = self.leaning_spread = 0.0
+        self.magnitude = 0.0
+        self.always_outside = 0
+        self.beyond: list[tuple[Any, Any]] = []  # (|b - a|, |a|) of the finite elements outside the given atol
+        # per slice, of b - a and of (b - a) * sign(a): (elements, mean, sum of squared deviations from it)
+        self.differences: list[tuple[int, float, float]] = []
+        self.signed: list[tuple[int, float, float]] = []
+
+
+def _combined(slices: Sequence[tuple[int, float, float]], n: int) -> tuple[float, float]:
+    """The mean of ``n`` values and the sum of their squared deviations from it, from each slice's (Chan et al.)."""
+    mean = sum(size * part for size, part, _ in slices) / n
+    return mean, sum(squares + size * (part - mean) ** 2 for size, part, squares in slices)
 
 
 def _slices(a: Any, b: Any) -> Iterator[tuple[Any, Any]]:
@@ -474,22 +483,10 @@ def _slices(a: Any, b: Any) -> Iterator[tuple[Any, Any]]:
         yield a[start : start + SLICE].double(), b[start : start + SLICE].double()
 
 
-def _prepared(a: Any, b: Any, dtypes: tuple[str, str], sums: _Sums | None) -> tuple[Any, Any, Any, Any, Any]:
-    """One slice's ``a`` and ``b`` with masked positions (masked in both, when ``dtypes`` are given) set to 0, and
-    which elements are the same (equal, NaN in both, the same infinity, masked in both), finite in both, and how far
-    apart (0 where the same, infinite where a NaN or an infinity is on one side only). With ``sums``, whether
-    masked positions differ in value is noted there."""
-    same = (a == b) | (a.isnan() & b.isnan())
-    if dtypes[0]:
-        masked = _masked(a, dtypes[0]) & _masked(b, dtypes[1])
-        if bool(masked.any().item()):
-            same = same | masked
-            if sums is not None and bool((masked & (a != b)).any().item()):
-                sums.masked_alike = True
-            a, b = a.masked_fill(masked, 0.0), b.masked_fill(masked, 0.0)
-    finite = a.isfinite() & b.isfinite()
-    diff = (b - a).abs().masked_fill(same, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
-    return a, b, same, finite, diff
+def _deviations(values: Any) -> tuple[float, float]:
+    """The mean of ``values`` and the sum of their squared deviations from it."""
+    mean = float(values.mean().item())
+    return mean, float(((values - mean) ** 2).sum().item())
 
 
 def _elementwise(
@@ -502,9 +499,12 @@ def _elementwise(
     *,
     normwise: bool = False,
 ) -> tuple[_Elementwise, _Sums]:
-    """Differences of two flat tensors in float64, using tensor methods only, a slice at a time (two passes: the
-    second needs the tolerance and the means the first finds). With ``normwise``, ``atol`` is at least ``rtol``
-    times the largest magnitude of ``a`` among the elements that differ (finite, masked in neither)."""
+    """Differences of two flat tensors in float64, using tensor methods only, a slice at a time and in one pass.
+
+    An element is the same in both when equal, NaN in both, the same infinity, or (with ``dtypes``) masked in both
+    (:func:`_masked`, set to 0 first); a non-finite element is close only to itself. With ``normwise``, ``atol`` is
+    at least ``rtol`` times the largest magnitude of ``a`` among the elements that differ (finite, masked in
+    neither): known only at the end, so the finite elements beyond the given ``atol`` are kept and counted then."""
     sums = _Sums()
     n = a.numel()
     for ca, cb in _slices(a, b):
@@ -513,42 +513,55 @@ def _elementwise(
             if bool(differing.any().item()):
                 largest = float(ca.masked_fill(~differing, 0.0).abs().max().item())
                 sums.largest_differing = max(sums.largest_differing, largest)
-        ca, cb, same, finite, diff = _prepared(ca, cb, dtypes, sums)
-        if not bool(diff.any().item()):
-            continue  # identical: nothing to add (the common case)
+        same = (ca == cb) | (ca.isnan() & cb.isnan())
+        if dtypes[0]:
+            masked = _masked(ca, dtypes[0]) & _masked(cb, dtypes[1])
+            if bool(masked.any().item()):
+                same = same | masked
+                sums.masked_alike = sums.masked_alike or bool((masked & (ca != cb)).any().item())
+                ca, cb = ca.masked_fill(masked, 0.0), cb.masked_fill(masked, 0.0)
+        finite = ca.isfinite() & cb.isfinite()
+        # over the elements finite in both; elementwise products and sums only (BLAS dot and boolean indexing of
+        # whole tensors stall on a busy machine's thread pool)
+        fa = ca.masked_fill(~finite, 0.0)
+        scale = ca.abs()
+        diff = (cb - ca).abs().masked_fill(same, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
+        size = int(ca.numel())
+        sums.magnitude += float(fa.abs().sum().item())
+        if not bool(diff.any().item()):  # identical here (the common case): only the norms to add
+            squares = float((fa * fa).sum().item())
+            sums.aa, sums.bb, sums.ab = sums.aa + squares, sums.bb + squares, sums.ab + squares
+            sums.differences.append((size, 0.0, 0.0))
+            sums.signed.append((size, 0.0, 0.0))
+            continue
         sums.differs = True
-        sums.max_abs = max(sums.max_abs, float(diff.max().item()))
-        rel = (diff / ca.abs()).masked_fill(diff == 0, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
-        sums.max_rel = max(sums.max_rel, float(rel.max().item()))
-        # the rest over the elements finite in both (fa, fb); elementwise products and sums only (BLAS dot and
-        # boolean indexing stall on a busy machine's thread pool)
-        fa, fb = ca.masked_fill(~finite, 0.0), cb.masked_fill(~finite, 0.0)
-        delta = fb - fa
-        sums.delta += float(delta.sum().item())
-        sums.leaning += float((delta * fa.sign()).sum().item())
-    if normwise:
-        atol = max(atol, rtol * sums.largest_differing)
-    if not sums.differs:  # identical: exactly 1, not 1 up to rounding, and no norms to compute
-        return _Elementwise(0, 0.0, 0.0, 1.0, 0.0, atol), sums
-    mean_delta, mean_leaning = sums.delta / n, sums.leaning / n
-    for ca, cb in _slices(a, b):
-        ca, cb, same, finite, diff = _prepared(ca, cb, dtypes, None)
-        within = same | (finite & (diff <= atol + rtol * ca.abs()))
-        sums.outside += int((~within).sum().item())
-        fa, fb = ca.masked_fill(~finite, 0.0), cb.masked_fill(~finite, 0.0)
+        fb = cb.masked_fill(~finite, 0.0)
         sums.aa += float((fa * fa).sum().item())
         sums.bb += float((fb * fb).sum().item())
         sums.ab += float((fa * fb).sum().item())
-        sums.magnitude += float(fa.abs().sum().item())
+        sums.max_abs = max(sums.max_abs, float(diff.max().item()))
+        rel = (diff / scale).masked_fill(diff == 0, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
+        sums.max_rel = max(sums.max_rel, float(rel.max().item()))
+        sums.always_outside += int((~same & ~finite).sum().item())
+        beyond = finite & ~same & ~(diff <= atol + rtol * scale)
+        if bool(beyond.any().item()):
+            sums.beyond.append((diff[beyond], scale[beyond]))
         delta = fb - fa
-        sums.delta_spread += float(((delta - mean_delta) ** 2).sum().item())
-        sums.leaning_spread += float(((delta * fa.sign() - mean_leaning) ** 2).sum().item())
+        sums.differences.append((size, *_deviations(delta)))
+        sums.signed.append((size, *_deviations(delta * fa.sign())))
+    if normwise:
+        atol = max(atol, rtol * sums.largest_differing)
+    if not sums.differs:  # identical: exactly 1, not 1 up to rounding
+        return _Elementwise(0, 0.0, 0.0, 1.0, 0.0, atol), sums
+    outside = sums.always_outside + sum(
+        int((~(diff <= atol + rtol * scale)).sum().item()) for diff, scale in sums.beyond
+    )
     norms = math.sqrt(sums.aa) * math.sqrt(sums.bb)
     if norms > 0:
         cosine = max(-1.0, min(1.0, sums.ab / norms))
     else:
         cosine = 1.0 if sums.aa == sums.bb == 0 else 0.0
-    found = _Elementwise(sums.outside, sums.max_abs, sums.max_rel, cosine, _shift(sums, n, rtol, atol, epsilon), atol)
+    found = _Elementwise(outside, sums.max_abs, sums.max_rel, cosine, _shift(sums, n, rtol, atol, epsilon), atol)
     return found, sums
 
 
@@ -564,13 +577,14 @@ def _shift(sums: _Sums, n: int, rtol: float, atol: float, epsilon: float) -> flo
     allowed = aggregate_tolerance(n, magnitude, rtol, atol, epsilon)
     if allowed <= 0:
         return 0.0
-    offset, scaling = abs(sums.delta / n), abs(sums.leaning / n)
+    (offset, offset_squares), (scaling, scaling_squares) = _combined(sums.differences, n), _combined(sums.signed, n)
+    offset, scaling = abs(offset), abs(scaling)
     ratio = max(offset, scaling) / allowed
     # the same two means against their own spread: a bug far below the element tolerance (a norm's eps) still leans
     # far beyond what its own differences scatter by, and beyond a few units of rounding
     floor = _ROUNDING_UNITS * epsilon * magnitude
     if floor > 0:
-        for mean, squares in ((offset, sums.delta_spread), (scaling, sums.leaning_spread)):
+        for mean, squares in ((offset, offset_squares), (scaling, scaling_squares)):
             spread = math.sqrt(squares / (n - 1))
             if spread > 0:
                 t = mean / (spread / math.sqrt(n))
