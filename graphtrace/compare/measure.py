@@ -508,19 +508,21 @@ def _elementwise(
     sums = _Sums()
     n = a.numel()
     for ca, cb in _slices(a, b):
-        if normwise:
-            differing = (ca != cb) & ca.isfinite() & cb.isfinite() & ~_masked(ca, dtypes[0]) & ~_masked(cb, dtypes[1])
+        finite = ca.isfinite() & cb.isfinite()
+        lowest = (_masked(ca, dtypes[0]), _masked(cb, dtypes[1])) if normwise or dtypes[0] else None
+        if normwise and lowest is not None:
+            differing = (ca != cb) & finite & ~lowest[0] & ~lowest[1]
             if bool(differing.any().item()):
                 largest = float(ca.masked_fill(~differing, 0.0).abs().max().item())
                 sums.largest_differing = max(sums.largest_differing, largest)
         same = (ca == cb) | (ca.isnan() & cb.isnan())
-        if dtypes[0]:
-            masked = _masked(ca, dtypes[0]) & _masked(cb, dtypes[1])
+        if dtypes[0] and lowest is not None:
+            masked = lowest[0] & lowest[1]
             if bool(masked.any().item()):
                 same = same | masked
                 sums.masked_alike = sums.masked_alike or bool((masked & (ca != cb)).any().item())
                 ca, cb = ca.masked_fill(masked, 0.0), cb.masked_fill(masked, 0.0)
-        finite = ca.isfinite() & cb.isfinite()
+                finite = finite | masked  # set to 0 in both
         # over the elements finite in both; elementwise products and sums only (BLAS dot and boolean indexing of
         # whole tensors stall on a busy machine's thread pool)
         fa = ca.masked_fill(~finite, 0.0)
