@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import graphtrace
+from graphtrace.check.memo import Known
 from graphtrace.check.views import view_between
 from graphtrace.errors import InvalidOptionError
 from tests import independent_gpt2, independent_llama
@@ -302,6 +303,44 @@ def test_a_module_given_its_own_inputs_is_not_run_again(tmp_path: Path) -> None:
     assert _named(report) == ["blocks.1"] and report.departures[0].reused
     reused = [report.port_path(check.port) for check in report.modules if check.reused]
     assert reused == ["blocks.0.norm", "blocks.0.proj", "blocks.0", "blocks.1.norm", "blocks.1.proj", "blocks.1", ""]
+
+
+def test_a_block_run_alone_is_answered_by_what_its_modules_returned_on_the_same_inputs(tmp_path: Path) -> None:
+    original, port, x = tiny_pair((None, None, None))
+    scaled(port.blocks[0].proj, 1.01)  # block 1 and its modules run alone on other inputs than the port's own
+    runs: list[torch.Tensor] = []
+    counted = port.blocks[1].proj
+    kind = type(counted)
+
+    def forward(self: torch.nn.Module, tensor: torch.Tensor) -> torch.Tensor:
+        runs.append(tensor)
+        return kind.forward(self, tensor)
+
+    counted.__class__ = type(kind.__name__, (kind,), {"forward": forward})
+    graphtrace.capture(original, (x,), path=tmp_path / "original", values="safetensors")
+    runs.clear()
+    report = graphtrace.check(port, (x,), tmp_path / "original")
+    # the port's own forward, then proj run alone; block 1 run alone gives proj that same input: answered
+    assert len(runs) == 2 and not torch.equal(runs[0], runs[1])
+    verdicts = {report.port_path(check.port): check for check in report.modules}
+    assert verdicts["blocks.1"].verdict == verdicts["blocks.1.proj"].verdict == "agrees"
+    assert not verdicts["blocks.1"].reused and _named(report) == ["blocks.0.proj"]
+
+
+def test_a_known_run_answers_only_the_same_arguments_still_intact() -> None:
+    known = Known()
+    given, output = torch.ones(3), torch.zeros(2)
+    known.add("M.layer@0", (given,), {"flag": True}, output)
+    found, answer = known.output("M.layer@0", (torch.ones(3),), {"flag": True})
+    assert found and torch.equal(answer, output) and answer is not output  # a copy: the caller may write into it
+    assert known.output("M.layer@0", (torch.ones(3),), {"flag": False}) == (False, None)
+    assert known.output("M.layer@0", (torch.ones(3) * 2,), {"flag": True}) == (False, None)
+    assert known.output("M.layer@1", (torch.ones(3),), {"flag": True}) == (False, None)
+    nan = torch.tensor([float("nan"), 1.0])
+    known.add("M.nan@0", (nan,), {}, output)
+    assert known.output("M.nan@0", (torch.tensor([float("nan"), 1.0]),), {})[0]  # NaN where both hold it
+    given.add_(1)  # changed in place since: what the run was given is gone
+    assert known.output("M.layer@0", (given,), {"flag": True}) == (False, None)
 
 
 def test_the_port_keeps_its_forwards_also_when_its_forward_raises(tmp_path: Path) -> None:

@@ -9,9 +9,10 @@ This package's top is torch-free, so that ``import graphtrace`` stays cheap and 
 function: the work is imported when a check runs. Modules: :mod:`~graphtrace.check.views` (how a value of the
 original is laid out in the port: the seam with the diff's correspondence), :mod:`~graphtrace.check.live` (the
 port's calls as they happened), :mod:`~graphtrace.check.alone` (one module run alone, safely),
-:mod:`~graphtrace.check.values` (the original's values), :mod:`~graphtrace.check.reference` (the original's saved
-trace), :mod:`~graphtrace.check.judge` (the local verdicts), :mod:`~graphtrace.check.run` (end to end),
-:mod:`~graphtrace.check.report` and :mod:`~graphtrace.check.text` (the result, its JSON and its table).
+:mod:`~graphtrace.check.memo` (calls answered from runs already made), :mod:`~graphtrace.check.values` (the
+original's values), :mod:`~graphtrace.check.reference` (the original's saved trace), :mod:`~graphtrace.check.judge`
+(the local verdicts), :mod:`~graphtrace.check.run` (end to end), :mod:`~graphtrace.check.report` and
+:mod:`~graphtrace.check.text` (the result, its JSON and its table).
 """
 
 from __future__ import annotations

@@ -39,7 +39,14 @@ def _held(model: nn.Module) -> list[torch.Tensor]:
     style attention's ``cache_k``), also inside lists and dicts."""
     found: list[torch.Tensor] = list(model.buffers())
     for module in model.modules():
-        found += tensors_in([value for value in vars(module).values() if isinstance(value, (torch.Tensor, list, dict))])
+        registered = (module._parameters, module._buffers, module._modules)
+        found += tensors_in(
+            [
+                value
+                for value in vars(module).values()
+                if isinstance(value, (torch.Tensor, list, dict)) and not any(value is table for table in registered)
+            ]
+        )
     return found
 
 

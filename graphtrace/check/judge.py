@@ -22,6 +22,7 @@ import torch
 
 from graphtrace.check.alone import Guard, run_alone
 from graphtrace.check.live import LiveCall, live_tensors, replaced
+from graphtrace.check.memo import Known, same_bits
 from graphtrace.check.report import ModuleCheck
 from graphtrace.check.values import OriginalValues
 from graphtrace.check.views import View, view_between
@@ -66,10 +67,6 @@ def _floating(tensor: torch.Tensor) -> bool:
     return tensor.is_floating_point() or tensor.is_complex()
 
 
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and a.device == b.device and bool(torch.equal(a, b))
-
-
 def _where(original: torch.Tensor, port: torch.Tensor) -> tuple[int, ...]:
     """The index of the largest difference (a NaN or infinity on one side only counts as infinite)."""
     a, b = original.detach().to(torch.float64 if not original.is_complex() else torch.complex128), port.detach()
@@ -93,9 +90,19 @@ class Judge:
     tolerance: Tolerance
     guard: Guard
     root: CallNode
+    paths: dict[int, str]
+    """Each module of the port (by ``id``) named as its calls are (``Class.path``)."""
     _memo: dict[tuple[int, str | None, str], tuple[torch.Tensor, TensorDiff, tuple[int, ...] | None]] = field(
         default_factory=dict
     )
+    _known: Known = field(default_factory=Known)
+
+    def __post_init__(self) -> None:
+        for name, call in self.calls.items():
+            if call.finished:
+                then = {id(t): (t, call.given[key]) for key, t in call.inputs.items()}
+                then |= {id(t): (t, call.returned[key]) for key, t in call.outputs.items()}
+                self._known.add(name, call.args, call.kwargs, call.output, then)
 
     def module(self, node: CallNode, pairs: Sequence[CallDiff]) -> ModuleCheck:
         """The local verdict of the port's call ``node``, paired with the original's calls in ``pairs`` (several
@@ -113,9 +120,9 @@ class Judge:
         given, kept = self._given(pairs[0], call)
         check = dataclasses.replace(check, given=tuple(given), kept=tuple(kept))
         reused = call.output_intact and all(
-            call.input_intact(name) and _same_bits(value, call.inputs[name]) for name, value in given.items()
+            call.input_intact(name) and same_bits(value, call.inputs[name]) for name, value in given.items()
         )
-        outputs = call.outputs if reused else self._run_alone(call, given, kept)
+        outputs = call.outputs if reused else self._run_alone(node, call, given, kept)
         diffs, where = self._measured(targets, outputs)
         statuses = {diff.status for diff in diffs}
         if "diverged" in statuses:
@@ -197,7 +204,9 @@ class Judge:
             )
         return given, kept_names
 
-    def _run_alone(self, call: LiveCall, given: dict[str, torch.Tensor], kept: list[str]) -> dict[str, torch.Tensor]:
+    def _run_alone(
+        self, node: CallNode, call: LiveCall, given: dict[str, torch.Tensor], kept: list[str]
+    ) -> dict[str, torch.Tensor]:
         changed = [name for name in kept if not call.input_intact(name)]
         if changed:
             raise _Skip(
@@ -205,11 +214,13 @@ class Judge:
                 f"{', '.join(changed)} changed in place after the call: what the module was given is gone",
             )
         new = {**given, **{name: call.inputs[name].clone() for name in kept}}
-        alone = run_alone(
-            call.module, replaced(call.args, "_args", new), replaced(call.kwargs, "_kwargs", new), self.guard
-        )
+        args, kwargs = replaced(call.args, "_args", new), replaced(call.kwargs, "_kwargs", new)
+        then = {id(t): (t, int(t._version)) for t in new.values()}
+        with self._known.answering(node, call.module, self.paths):
+            alone = run_alone(call.module, args, kwargs, self.guard)
         if alone.refused is not None:
             raise _Skip(alone.why, alone.refused)
+        self._known.add(node.id, args, kwargs, alone.output, then)
         return dict(live_tensors(alone.output))
 
     def _measured(
@@ -244,7 +255,7 @@ class Judge:
         except RuntimeError:
             return self._lost(target, f"run alone, it returned shape {list(found.shape)}"), None
         record = TensorRecord(shape=target.record.shape, dtype=str(found.dtype))
-        if _same_bits(original, port):  # what measure finds for identical values, without its float64 passes
+        if same_bits(original, port):  # what measure finds for identical values, without its float64 passes
             rtol, atol = self.tolerance.for_dtypes(target.record.dtype, record.dtype)
             diff = TensorDiff(
                 name_a=target.diff.name_a,

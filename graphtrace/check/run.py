@@ -29,6 +29,7 @@ from graphtrace.compare import CallDiff, Comparison, Tolerance
 from graphtrace.compare import compare as compare_traces
 from graphtrace.compare.align import returned_order
 from graphtrace.conveniences import open_values
+from graphtrace.engine.eager import module_paths
 from graphtrace.model import Trace
 
 __all__ = ["run_check"]
@@ -86,6 +87,7 @@ def run_check(
             tolerance=Tolerance(rtol, atol),
             guard=Guard(port),
             root=port_trace.steps[0],
+            paths={id(module): path for path, module in module_paths(port)},
         )
         pairs = _grouped(comparison)
         order = [node for node in returned_order(port_trace.steps[0]) if node.kind == "module"]
