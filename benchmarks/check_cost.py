@@ -44,8 +44,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         reference = Path(tmp) / "original"
         graphtrace.capture(original, inputs, path=reference, values="bundle")
+        saved = Path(tmp) / "port"
         modes: dict[str, Callable[[], object]] = {
             "capture of the port": lambda: graphtrace.capture(faithful, (ids,)),
+            "capture, bundle, saved": lambda: graphtrace.capture(faithful, (ids,), path=saved, values="bundle"),
             "check, faithful port": lambda: graphtrace.check(faithful, (ids,), reference),
             "check, two bugs": lambda: graphtrace.check(buggy, (ids,), reference),
         }
@@ -54,16 +56,23 @@ def main() -> None:
         for run in modes.values():
             run()
         times: dict[str, list[float]] = {name: [] for name in modes}
+        cpu: dict[str, list[float]] = {name: [] for name in modes}
         names = list(modes)
         for round_number in range(args.rounds):
             for name in names[round_number % len(names) :] + names[: round_number % len(names)]:
-                started = time.perf_counter()
+                started, used = time.perf_counter(), time.process_time()
                 modes[name]()
                 times[name].append(time.perf_counter() - started)
-        base = times["capture of the port"]
+                cpu[name].append(time.process_time() - used)
+        base, base_cpu = times["capture of the port"], cpu["capture of the port"]
+        print(f"{'':<24} {'median s':>9} {'x capture':>10} {'CPU s':>7} {'x capture':>10}")
         for name in names:
-            ratios = [t / b for t, b in zip(times[name], base)]
-            print(f"{name:<24} {statistics.median(times[name]):7.3f} s  {statistics.median(ratios):5.2f}x capture")
+            ratio = statistics.median(t / b for t, b in zip(times[name], base))
+            cpu_ratio = statistics.median(t / b for t, b in zip(cpu[name], base_cpu))
+            print(
+                f"{name:<24} {statistics.median(times[name]):9.3f} {ratio:9.2f}x "
+                f"{statistics.median(cpu[name]):7.3f} {cpu_ratio:9.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -68,14 +68,17 @@ def _floating(tensor: torch.Tensor) -> bool:
 
 
 def _where(original: torch.Tensor, port: torch.Tensor) -> tuple[int, ...]:
-    """The index of the largest difference (a NaN or infinity on one side only counts as infinite)."""
-    a, b = original.detach().to(torch.float64 if not original.is_complex() else torch.complex128), port.detach()
-    b = b.to(a.dtype)
-    delta = (b - a).abs()
-    alike = (a == b) | (torch.isnan(a) & torch.isnan(b))
-    delta = torch.where(alike, torch.zeros_like(delta), torch.nan_to_num(delta, nan=math.inf))
-    if delta.numel() == 0:
+    """The index of the largest difference (a NaN or an infinity on one side only counts as infinite), found in the
+    tensors' own floating dtype: where the largest difference lies needs no float64."""
+    floating = (original.is_floating_point() or original.is_complex()) and (
+        port.is_floating_point() or port.is_complex()
+    )
+    dtype = torch.promote_types(original.dtype, port.dtype) if floating else torch.float64
+    a, b = original.detach().to(dtype), port.detach().to(dtype)
+    if a.numel() == 0:
         return ()
+    alike = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    delta = torch.nan_to_num((b - a).abs(), nan=math.inf).masked_fill(alike, 0.0)
     flat = int(delta.reshape(-1).argmax().item())
     return tuple(int(k) for k in torch.unravel_index(torch.tensor(flat), tuple(delta.shape)))
 
