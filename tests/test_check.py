@@ -144,6 +144,8 @@ def test_two_bugs_are_both_named_where_the_diff_names_one(
         assert found is not None and found.b.path.partition(".")[2] in (small, culprit)
         listed = {departure["port"] for departure in report.to_json()["departures"]}
         assert listed == {small, culprit}
+    # the notebook view is the diff's, of the local verdicts: the first departure named
+    assert f"{type(port).__name__}.{small}@0" in report._repr_html_()
     # the small departure lies within tolerance element by element: only the lean of its differences shows it
     (first, _) = report.departures
     assert first.worst is not None and first.worst.outside == 0 and "lean one way" in first.worst.reason
@@ -380,3 +382,20 @@ def test_a_trace_without_full_values_is_refused_with_the_remedy(
         graphtrace.check(port, (token_ids,), 42)  # type: ignore[arg-type]
     with pytest.raises(InvalidOptionError, match="rtol must be a finite number"):
         graphtrace.check(port, (token_ids,), tmp_path / "repr", rtol=-1.0)
+
+
+def test_the_worked_example_of_the_docs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import runpy
+
+    root = Path(__file__).resolve().parent.parent
+    example = runpy.run_path(str(root / "examples" / "check_port.py"))
+    monkeypatch.chdir(tmp_path)
+    assert example["main"](Path("ex")) == 1
+    out = capsys.readouterr().out
+    first, table = out.split("\n\n", 1)
+    assert first == "the diff names the first departure only: LlamaForCausalLM.model.layers.0.input_layernorm"
+    docs = (root / "docs" / "check.md").read_text()
+    shown = docs.split("# the same check from the shell\n```\n\n```\n")[1].split("```")[0]
+    assert shown.splitlines() == table.rstrip("\n").splitlines()  # the docs show the example's real output
