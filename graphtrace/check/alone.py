@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from graphtrace.check.live import version
 from graphtrace.engine.fx.guard import Refused, ReplayGuard, tensors_in
 from graphtrace.errors import describe_error
 
@@ -55,27 +56,20 @@ def port_tensors(model: nn.Module) -> list[torch.Tensor]:
     return [*model.parameters(), *_held(model)]
 
 
-def _version(tensor: torch.Tensor) -> int:
-    try:
-        return int(tensor._version)
-    except RuntimeError:  # an inference tensor: never changed in place outside inference mode
-        return -1
-
-
 @contextmanager
 def state_kept(model: nn.Module) -> Iterator[None]:
     """``model``'s state put back as it was when the block ends, also on error: the attributes its modules' code
     sets (a step counter, a cache object) and the values of its buffers and tensor attributes (a key/value cache
     written in place). Its own forward runs in the block; parameters are not written by a forward."""
     snapshot = _snapshot(model)
-    held = [(tensor, _version(tensor), tensor.detach().clone()) for tensor in _held(model)]
+    held = [(tensor, version(tensor), tensor.detach().clone()) for tensor in _held(model)]
     try:
         yield
     finally:
         _put_back(snapshot)
         with torch.no_grad():
-            for tensor, version, value in held:
-                if _version(tensor) != version:
+            for tensor, then, value in held:
+                if version(tensor) != then:
                     tensor.copy_(value)
 
 

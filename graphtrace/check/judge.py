@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from graphtrace.check.alone import Guard, run_alone
-from graphtrace.check.live import LiveCall, live_tensors, replaced
+from graphtrace.check.live import LiveCall, live_tensors, replaced, version
 from graphtrace.check.memo import Known, same_bits
 from graphtrace.check.report import ModuleCheck
 from graphtrace.check.values import OriginalValues
@@ -70,9 +70,7 @@ def _floating(tensor: torch.Tensor) -> bool:
 def _where(original: torch.Tensor, port: torch.Tensor) -> tuple[int, ...]:
     """The index of the largest difference (a NaN or an infinity on one side only counts as infinite), found in the
     tensors' own floating dtype: where the largest difference lies needs no float64."""
-    floating = (original.is_floating_point() or original.is_complex()) and (
-        port.is_floating_point() or port.is_complex()
-    )
+    floating = _floating(original) and _floating(port)
     dtype = torch.promote_types(original.dtype, port.dtype) if floating else torch.float64
     a, b = original.detach().to(dtype), port.detach().to(dtype)
     if a.numel() == 0:
@@ -218,7 +216,7 @@ class Judge:
             )
         new = {**given, **{name: call.inputs[name].clone() for name in kept}}
         args, kwargs = replaced(call.args, "_args", new), replaced(call.kwargs, "_kwargs", new)
-        then = {id(t): (t, int(t._version)) for t in new.values()}
+        then = {id(t): (t, version(t)) for t in new.values()}
         with self._known.answering(node, call.module, self.paths):
             alone = run_alone(call.module, args, kwargs, self.guard)
         if alone.refused is not None:

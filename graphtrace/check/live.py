@@ -20,10 +20,11 @@ from torch import nn
 
 from graphtrace.engine.eager import PatchLedger, module_paths
 
-__all__ = ["LiveCall", "LiveCalls", "live_tensors", "replaced"]
+__all__ = ["LiveCall", "LiveCalls", "live_tensors", "replaced", "version"]
 
 
-def _version(tensor: torch.Tensor) -> int:
+def version(tensor: torch.Tensor) -> int:
+    """``tensor``'s version counter: it moves when the tensor is changed in place."""
     try:
         return int(tensor._version)
     except RuntimeError:  # an inference tensor has no version counter, and cannot be changed in place outside one
@@ -66,7 +67,7 @@ def replaced(value: Any, name: str, new: dict[str, torch.Tensor]) -> Any:
 
 
 def _versions(tensors: dict[str, torch.Tensor]) -> dict[str, int]:
-    return {name: _version(tensor) for name, tensor in tensors.items()}
+    return {name: version(tensor) for name, tensor in tensors.items()}
 
 
 def _arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -91,7 +92,7 @@ class LiveCall:
 
     def input_intact(self, name: str) -> bool:
         """Whether the tensor argument ``name`` still holds what the call was given."""
-        return _version(self.inputs[name]) == self.given[name]
+        return version(self.inputs[name]) == self.given[name]
 
     @property
     def output_intact(self) -> bool:

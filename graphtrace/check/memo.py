@@ -19,20 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphtrace.check.live import live_tensors, replaced
+from graphtrace.check.live import live_tensors, replaced, version
 from graphtrace.engine.eager import PatchLedger
 from graphtrace.model import CallNode
 
 __all__ = ["Known"]
 
 _PLAIN = (bool, int, float, str, bytes, type(None), torch.dtype, torch.device)
-
-
-def _version(tensor: torch.Tensor) -> int:
-    try:
-        return int(tensor._version)
-    except RuntimeError:  # an inference tensor: never changed in place outside inference mode
-        return -1
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -69,7 +62,7 @@ class _Run:
 
     @property
     def intact(self) -> bool:
-        return all(_version(tensor) == version for tensor, version in self.versions)
+        return all(version(tensor) == then for tensor, then in self.versions)
 
 
 class Known:
@@ -90,7 +83,7 @@ class Known:
         made, when that was earlier than now (the port's own call)."""
         tensors = {id(t): t for _, t in (*live_tensors((args, kwargs)), *live_tensors(output))}
         then = versions or {}
-        kept = tuple((t, then[key][1] if key in then else _version(t)) for key, t in tensors.items())
+        kept = tuple((t, then[key][1] if key in then else version(t)) for key, t in tensors.items())
         self._runs.setdefault(call, []).append(_Run(args, kwargs, output, kept))
 
     def output(self, call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
