@@ -252,7 +252,7 @@ class Judge:
         """The port's output ``found`` against the original's value of ``target``, and where it departs most."""
         original = self.values.load(target.record)
         try:
-            port = target.view.to_original(found.detach())
+            port = target.view.to_original(found.detach()).to(original.device)  # the original's values: on the host
         except RuntimeError:
             return self._lost(target, f"run alone, it returned shape {list(found.shape)}"), None
         record = TensorRecord(shape=target.record.shape, dtype=str(found.dtype))
