@@ -8,9 +8,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# `graphtrace.compare` is both a subpackage and the top-level function; importing the function here, eagerly (its
-# module imports the torch-free subpackage first), makes the name mean the function whatever imports the
-# subpackage's modules later. Importing graphtrace.conveniences also offers the data model its services.
+# `graphtrace.compare` and `graphtrace.check` are both a subpackage and a top-level function; importing the
+# functions here, eagerly (their subpackages' tops are torch-free), makes each name mean the function whatever imports
+# the subpackage's modules later. Importing graphtrace.conveniences also offers the data model its services.
+from graphtrace.check import check
 from graphtrace.conveniences import compare, first_nonfinite, load, save
 from graphtrace.errors import GraphtraceError
 from graphtrace.model import CallNode, TensorRecord, Trace
@@ -28,9 +29,10 @@ __all__ = [
     "TensorRecord",
     "load",
     "save",
-    # comparing traces
+    # comparing traces, checking a port
     "compare",
     "first_nonfinite",
+    "check",
     # drawing: graphtrace.render.call_graph / write_call_graph; the explorer page
     "render",
     "to_html",

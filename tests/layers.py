@@ -38,8 +38,11 @@ ROOMS: tuple[tuple[tuple[str, str], ...], ...] = (
         ("graphtrace.conveniences", "save, load, compare, first_nonfinite at the top; the data model's services"),
         ("graphtrace.api", "capture() and tracing(): options checked, engine, sinks and writers wired"),
     ),
-    (("graphtrace.compat", "model_addition_debugger_context, transformers' files exactly"),),
-    (("graphtrace.cli", "the graphtrace command: demo, capture, show, render, view, diff"),),
+    (
+        ("graphtrace.compat", "model_addition_debugger_context, transformers' files exactly"),
+        ("graphtrace.check", "every module of a live port run alone on the original's inputs"),
+    ),
+    (("graphtrace.cli", "the graphtrace command: demo, capture, show, render, view, diff, check"),),
     (
         ("graphtrace", "the public names, imported lazily"),
         ("graphtrace.__main__", "python -m graphtrace"),

@@ -1,10 +1,10 @@
-"""The ``graphtrace`` command: ``demo``, ``capture``, ``show``, ``render``, ``view``, ``diff``.
+"""The ``graphtrace`` command: ``demo``, ``capture``, ``show``, ``render``, ``view``, ``diff``, ``check``.
 
 Each subcommand lives in its own module with ``add_parser(subparsers)``, which sets the function that runs it.
 ``show``, ``render``, ``view`` and ``diff`` read saved traces and never need the model. Exit codes: 0 success, 1 a
-difference found (``diff``), 2 bad input (a message on stderr, no traceback), 3 the user's code raised (``capture``:
-the model or its factory; its own error and the partial trace's location first, then the traceback of its own code,
-graphtrace's frames only with ``--traceback``).
+difference found (``diff``, ``check``), 2 bad input (a message on stderr, no traceback), 3 the user's code raised
+(``capture``: the model or its factory; its own error and the partial trace's location first, then the traceback of
+its own code, graphtrace's frames only with ``--traceback``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ __all__ = ["main"]
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_BAD_INPUT, EXIT_USER_CODE_RAISED = 0, 1, 2, 3
 
-_SUBCOMMANDS = ("demo", "capture", "show", "render", "view", "diff")
+_SUBCOMMANDS = ("demo", "capture", "show", "render", "view", "diff", "check")
 
 
 def _parser() -> argparse.ArgumentParser:

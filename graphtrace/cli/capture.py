@@ -84,13 +84,16 @@ def load_factory(target: str) -> Any:
     return factory
 
 
-def run(args: argparse.Namespace) -> int:
-    built = load_factory(args.target)()
+def built_by(target: str) -> tuple[Any, Any]:
+    """The ``(model, inputs)`` pair the factory ``target`` names returns."""
+    built = load_factory(target)()
     if not (isinstance(built, tuple) and len(built) == 2):
-        raise InvalidOptionError(
-            f"{args.target} returned {type(built).__name__}; it must return a (model, inputs) pair."
-        )
-    model, inputs = built
+        raise InvalidOptionError(f"{target} returned {type(built).__name__}; it must return a (model, inputs) pair.")
+    return built[0], built[1]
+
+
+def run(args: argparse.Namespace) -> int:
+    model, inputs = built_by(args.target)
     started = time.perf_counter()
     trace = (
         generate_with_options(model, inputs, args)

@@ -33,6 +33,34 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     parser.add_argument("a", metavar="A", help="the reference trace (directory or one of its JSON files)")
     parser.add_argument("b", metavar="B", help="the trace to check against it")
+    add_comparison_options(parser, a="A's", b="B's")
+    parser.add_argument(
+        "--align",
+        choices=("auto", "path", "structure"),
+        default="auto",
+        help="match calls by path and rules, then by structure for the rest (auto, the default); by path and "
+        "rules only; or by execution order, module kinds and shapes only",
+    )
+    parser.add_argument("--step", type=int, default=None, help="compare only this top-level call of each trace")
+    parser.add_argument("--strict", action="store_true", help="calls without a counterpart count as a divergence")
+    add_report_options(
+        parser,
+        every="list every matched and unmatched call",
+        page="also write the comparison as one HTML page: both call trees side by side, diverging calls coloured, "
+        "the first divergence selected",
+    )
+    parser.set_defaults(run=run)
+
+
+def add_report_options(parser: argparse.ArgumentParser, *, every: str, page: str) -> None:
+    """--all, --json and --html, shared by diff and check; ``every`` and ``page`` say what --all and --html do."""
+    parser.add_argument("--all", dest="show_all", action="store_true", help=every)
+    parser.add_argument("--json", action="store_true", help="print the whole report as JSON instead of a table")
+    parser.add_argument("--html", metavar="PAGE", default=None, help=page)
+
+
+def add_comparison_options(parser: argparse.ArgumentParser, *, a: str, b: str) -> None:
+    """--rtol, --atol and --map, shared by diff and check; ``a`` and ``b`` name whose modules a rule renames."""
     parser.add_argument(
         "--rtol", type=float, default=None, help="relative tolerance (default: torch.testing.assert_close's per dtype)"
     )
@@ -45,28 +73,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="RULE",
         action="append",
         default=[],
-        help="rename A's modules into B's names, e.g. 'transformer.h.{i}=model.layers.{i}' (repeatable, applied "
-        "in order; names are relative to the model)",
+        help=f"rename {a} modules into {b} names, e.g. 'transformer.h.{{i}}=model.layers.{{i}}' (repeatable, "
+        "applied in order; names are relative to the model)",
     )
-    parser.add_argument(
-        "--align",
-        choices=("auto", "path", "structure"),
-        default="auto",
-        help="match calls by path and rules, then by structure for the rest (auto, the default); by path and "
-        "rules only; or by execution order, module kinds and shapes only",
-    )
-    parser.add_argument("--step", type=int, default=None, help="compare only this top-level call of each trace")
-    parser.add_argument("--strict", action="store_true", help="calls without a counterpart count as a divergence")
-    parser.add_argument("--all", dest="show_all", action="store_true", help="list every matched and unmatched call")
-    parser.add_argument("--json", action="store_true", help="print the whole report as JSON instead of a table")
-    parser.add_argument(
-        "--html",
-        metavar="PAGE",
-        default=None,
-        help="also write the comparison as one HTML page: both call trees side by side, diverging calls coloured, "
-        "the first divergence selected",
-    )
-    parser.set_defaults(run=run)
 
 
 def console(stream: TextIO | None = None) -> Console:

@@ -21,7 +21,7 @@ import dataclasses
 import itertools
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -436,6 +436,7 @@ class _Elementwise:
     max_rel: float
     cosine: float
     shift: float  # the largest systematic shift of the mean, as a multiple of its tolerance (see _shift)
+    atol: float  # the absolute tolerance applied (normwise: raised to rtol times the largest differing magnitude)
 
 
 _LOWEST = {"torch.float16": -65504.0, "torch.bfloat16": -3.3895e38, "torch.float32": -3.4028e38}
@@ -448,61 +449,145 @@ def _masked(t: Any, dtype: str) -> Any:
     return t <= 0.5 * lowest
 
 
+SLICE = 1 << 15
+"""Elements measured at a time: a slice's float64 temporaries stay in the processor's cache, where the twenty-odd
+elementwise passes over a whole tensor of logits (tens of megabytes each) would each go to memory."""
+
+
+class _Sums:
+    """What :func:`_elementwise` gathers over the slices of two flat tensors, in one pass (see there)."""
+
+    def __init__(self) -> None:
+        self.differs = False
+        self.masked_alike = False
+        self.largest_differing = 0.0
+        self.max_abs = self.max_rel = 0.0
+        self.aa = self.bb = self.ab = 0.0
+        self.magnitude = 0.0
+        self.always_outside = 0
+        self.beyond: list[tuple[Any, Any]] = []  # (|b - a|, |a|) of the finite elements outside the given atol
+        # per slice, of b - a and of (b - a) * sign(a): (elements, mean, sum of squared deviations from it)
+        self.differences: list[tuple[int, float, float]] = []
+        self.signed: list[tuple[int, float, float]] = []
+
+
+def _combined(slices: Sequence[tuple[int, float, float]], n: int) -> tuple[float, float]:
+    """The mean of ``n`` values and the sum of their squared deviations from it, from each slice's (Chan et al.)."""
+    mean = sum(size * part for size, part, _ in slices) / n
+    return mean, sum(squares + size * (part - mean) ** 2 for size, part, squares in slices)
+
+
+def _slices(a: Any, b: Any) -> Iterator[tuple[Any, Any]]:
+    """``a`` and ``b`` (flat) in slices of :data:`SLICE` elements, each as float64."""
+    for start in range(0, a.numel(), SLICE):
+        yield a[start : start + SLICE].double(), b[start : start + SLICE].double()
+
+
+def _deviations(values: Any) -> tuple[float, float]:
+    """The mean of ``values`` and the sum of their squared deviations from it."""
+    mean = float(values.mean().item())
+    return mean, float(((values - mean) ** 2).sum().item())
+
+
 def _elementwise(
-    a: Any, b: Any, rtol: float, atol: float, epsilon: float, dtypes: tuple[str, str] = ("", "")
-) -> _Elementwise:
-    """Differences of two flat float64 tensors, using tensor methods only."""
-    same = (a == b) | (a.isnan() & b.isnan())  # equal, or NaN in both, or the same infinity
-    if dtypes[0]:
-        masked = _masked(a, dtypes[0]) & _masked(b, dtypes[1])
-        if bool(masked.any().item()):
-            same = same | masked
-            a, b = a.masked_fill(masked, 0.0), b.masked_fill(masked, 0.0)
-    finite = a.isfinite() & b.isfinite()
-    diff = (b - a).abs().masked_fill(same, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
-    scale = a.abs()
-    rel = (diff / scale).masked_fill(diff == 0, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
-    within = same | (finite & (diff <= atol + rtol * scale))  # a non-finite element is close only to itself
-    outside = int((~within).sum().item())
-    # over the elements finite in both; elementwise products and sums only (BLAS dot and boolean indexing stall
-    # on a busy machine's thread pool)
-    if not bool(diff.any().item()):
-        # identical (the common case): exactly 1, not 1 up to rounding, and no norms to compute
-        return _Elementwise(outside, 0.0, 0.0, 1.0, 0.0)
-    fa, fb = a.masked_fill(~finite, 0.0), b.masked_fill(~finite, 0.0)
-    norms = math.sqrt(float((fa * fa).sum().item())) * math.sqrt(float((fb * fb).sum().item()))
+    a: Any,
+    b: Any,
+    rtol: float,
+    atol: float,
+    epsilon: float,
+    dtypes: tuple[str, str] = ("", ""),
+    *,
+    normwise: bool = False,
+) -> tuple[_Elementwise, _Sums]:
+    """Differences of two flat tensors in float64, using tensor methods only, a slice at a time and in one pass.
+
+    An element is the same in both when equal, NaN in both, the same infinity, or (with ``dtypes``) masked in both
+    (:func:`_masked`, set to 0 first); a non-finite element is close only to itself. With ``normwise``, ``atol`` is
+    at least ``rtol`` times the largest magnitude of ``a`` among the elements that differ (finite, masked in
+    neither): known only at the end, so the finite elements beyond the given ``atol`` are kept and counted then."""
+    sums = _Sums()
+    n = a.numel()
+    for ca, cb in _slices(a, b):
+        finite = ca.isfinite() & cb.isfinite()
+        lowest = (_masked(ca, dtypes[0]), _masked(cb, dtypes[1])) if normwise or dtypes[0] else None
+        if normwise and lowest is not None:
+            differing = (ca != cb) & finite & ~lowest[0] & ~lowest[1]
+            if bool(differing.any().item()):
+                largest = float(ca.masked_fill(~differing, 0.0).abs().max().item())
+                sums.largest_differing = max(sums.largest_differing, largest)
+        same = (ca == cb) | (ca.isnan() & cb.isnan())
+        if dtypes[0] and lowest is not None:
+            masked = lowest[0] & lowest[1]
+            if bool(masked.any().item()):
+                same = same | masked
+                sums.masked_alike = sums.masked_alike or bool((masked & (ca != cb)).any().item())
+                ca, cb = ca.masked_fill(masked, 0.0), cb.masked_fill(masked, 0.0)
+                finite = finite | masked  # set to 0 in both
+        # over the elements finite in both; elementwise products and sums only (BLAS dot and boolean indexing of
+        # whole tensors stall on a busy machine's thread pool)
+        fa = ca.masked_fill(~finite, 0.0)
+        scale = ca.abs()
+        diff = (cb - ca).abs().masked_fill(same, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
+        size = int(ca.numel())
+        sums.magnitude += float(fa.abs().sum().item())
+        if not bool(diff.any().item()):  # identical here (the common case): only the norms to add
+            squares = float((fa * fa).sum().item())
+            sums.aa, sums.bb, sums.ab = sums.aa + squares, sums.bb + squares, sums.ab + squares
+            sums.differences.append((size, 0.0, 0.0))
+            sums.signed.append((size, 0.0, 0.0))
+            continue
+        sums.differs = True
+        fb = cb.masked_fill(~finite, 0.0)
+        sums.aa += float((fa * fa).sum().item())
+        sums.bb += float((fb * fb).sum().item())
+        sums.ab += float((fa * fb).sum().item())
+        sums.max_abs = max(sums.max_abs, float(diff.max().item()))
+        rel = (diff / scale).masked_fill(diff == 0, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
+        sums.max_rel = max(sums.max_rel, float(rel.max().item()))
+        sums.always_outside += int((~same & ~finite).sum().item())
+        beyond = finite & ~same & ~(diff <= atol + rtol * scale)
+        if bool(beyond.any().item()):
+            sums.beyond.append((diff[beyond], scale[beyond]))
+        delta = fb - fa
+        sums.differences.append((size, *_deviations(delta)))
+        sums.signed.append((size, *_deviations(delta * fa.sign())))
+    if normwise:
+        atol = max(atol, rtol * sums.largest_differing)
+    if not sums.differs:  # identical: exactly 1, not 1 up to rounding
+        return _Elementwise(0, 0.0, 0.0, 1.0, 0.0, atol), sums
+    outside = sums.always_outside + sum(
+        int((~(diff <= atol + rtol * scale)).sum().item()) for diff, scale in sums.beyond
+    )
+    norms = math.sqrt(sums.aa) * math.sqrt(sums.bb)
     if norms > 0:
-        cosine = max(-1.0, min(1.0, float((fa * fb).sum().item()) / norms))
+        cosine = max(-1.0, min(1.0, sums.ab / norms))
     else:
-        cosine = 1.0 if bool((fa == fb).all().item()) else 0.0
-    max_abs = float(diff.max().item()) if diff.numel() else 0.0
-    max_rel = float(rel.max().item()) if rel.numel() else 0.0
-    return _Elementwise(outside, max_abs, max_rel, cosine, _shift(fa, fb, rtol, atol, epsilon))
+        cosine = 1.0 if sums.aa == sums.bb == 0 else 0.0
+    found = _Elementwise(outside, sums.max_abs, sums.max_rel, cosine, _shift(sums, n, rtol, atol, epsilon), atol)
+    return found, sums
 
 
-def _shift(fa: Any, fb: Any, rtol: float, atol: float, epsilon: float) -> float:
+def _shift(sums: _Sums, n: int, rtol: float, atol: float, epsilon: float) -> float:
     """How far the differences lean one way, as a multiple of what random differences allow (> 1: systematic).
 
     Two means are tested: of ``b - a`` (an offset) and of ``(b - a) * sign(a)`` (a scaling: a norm's eps, a wrong
     constant), each against :func:`aggregate_tolerance`. Honest rounding differences between two implementations
     cancel out in both; a small bug that moves every element by less than the element tolerance does not."""
-    n = fa.numel()
     if n < 2:
         return 0.0
-    delta = fb - fa
-    magnitude = float(fa.abs().mean().item())
+    magnitude = sums.magnitude / n
     allowed = aggregate_tolerance(n, magnitude, rtol, atol, epsilon)
     if allowed <= 0:
         return 0.0
-    offset = abs(float(delta.mean().item()))
-    leaning = delta * fa.sign()
-    scaling = abs(float(leaning.mean().item()))
+    (offset, offset_squares), (scaling, scaling_squares) = _combined(sums.differences, n), _combined(sums.signed, n)
+    offset, scaling = abs(offset), abs(scaling)
     ratio = max(offset, scaling) / allowed
     # the same two means against their own spread: a bug far below the element tolerance (a norm's eps) still leans
     # far beyond what its own differences scatter by, and beyond a few units of rounding
     floor = _ROUNDING_UNITS * epsilon * magnitude
     if floor > 0:
-        for mean, spread in ((offset, float(delta.std().item())), (scaling, float(leaning.std().item()))):
+        for mean, squares in ((offset, offset_squares), (scaling, scaling_squares)):
+            spread = math.sqrt(squares / (n - 1))
             if spread > 0:
                 t = mean / (spread / math.sqrt(n))
                 ratio = max(ratio, min(mean / floor, t / _LEANING_T))
@@ -598,18 +683,14 @@ def _from_values(ta: Any, tb: Any, base: dict[str, Any], normwise: bool, layout:
     rtol, atol = base["rtol"], base["atol"]
     epsilon = _epsilon(base["dtype_a"], base["dtype_b"])
     equivalence = base.pop("equivalence", "")
-    a = ta.detach().reshape(-1).double()
-    b = tb.detach().reshape(-1).double()
-    if normwise and a.numel():
-        # over the elements that differ, not over a mask's stand-ins for minus infinity that both share
-        differing = (a != b) & a.isfinite() & b.isfinite() & ~_masked(a, base["dtype_a"]) & ~_masked(b, base["dtype_b"])
-        atol = max(atol, rtol * float(a.masked_fill(~differing, 0.0).abs().max().item()))
+    a = ta.detach().reshape(-1)
+    b = tb.detach().reshape(-1)
     dtypes = (base["dtype_a"], base["dtype_b"])
-    found = _elementwise(a, b, rtol, atol, epsilon, dtypes)
-    if found.outside == 0 and bool((a != b).any().item()):
-        masked = _masked(a, dtypes[0]) & _masked(b, dtypes[1]) & (a != b)
-        if bool(masked.any().item()):
-            equivalence = _join(equivalence, "masked positions (-inf and the dtype's lowest value) compared alike")
+    # normwise: over the elements that differ, not over a mask's stand-ins for minus infinity that both share
+    found, sums = _elementwise(a, b, rtol, atol, epsilon, dtypes, normwise=normwise)
+    atol = found.atol
+    if found.outside == 0 and sums.masked_alike:
+        equivalence = _join(equivalence, "masked positions (-inf and the dtype's lowest value) compared alike")
     reorderable = ta.is_floating_point() and tb.is_floating_point()  # ids in another order are other ids
     if found.outside and reorderable and ta.shape[-1:] == tb.shape[-1:] and ta.dim() and ta.numel() == tb.numel():
         shaped_b = tb.detach().reshape(ta.shape).double()
@@ -620,7 +701,7 @@ def _from_values(ta: Any, tb: Any, base: dict[str, Any], normwise: bool, layout:
                 continue
             if not _within(head_rows[0], reorder(head_rows[1]), rtol, atol):
                 continue  # cheap refusal on the first rows before the whole tensor
-            trial = _elementwise(shaped_a.reshape(-1), reorder(shaped_b).reshape(-1), rtol, atol, epsilon)
+            trial, _ = _elementwise(shaped_a.reshape(-1), reorder(shaped_b).reshape(-1), rtol, atol, epsilon)
             if trial.outside == 0 and trial.shift <= 1.0:
                 found, equivalence = trial, _join(equivalence, f"equal up to a {description}")
                 base["layout"] = description
@@ -628,7 +709,7 @@ def _from_values(ta: Any, tb: Any, base: dict[str, Any], normwise: bool, layout:
         else:
             permutation = _general_permutation(shaped_a, shaped_b, rtol, atol) if layout in (None, PERMUTED) else None
             if permutation is not None:
-                trial = _elementwise(a, shaped_b[..., permutation].reshape(-1), rtol, atol, epsilon)
+                trial, _ = _elementwise(a, shaped_b[..., permutation].reshape(-1), rtol, atol, epsilon)
                 if trial.outside == 0 and trial.shift <= 1.0:
                     found, equivalence = trial, _join(equivalence, f"equal up to a {PERMUTED}")
                     base["layout"] = PERMUTED

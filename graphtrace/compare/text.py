@@ -24,7 +24,7 @@ from graphtrace.model import Trace
 if TYPE_CHECKING:  # pragma: no cover - report.py imports this module to draw its table
     from graphtrace.compare.report import Comparison, Unmatched
 
-__all__ = ["little_in_common", "render_table", "report_text"]
+__all__ = ["little_in_common", "render_table", "rendered", "report_text"]
 
 DIVERGED_ROWS = 12
 """Diverging calls listed before the rest is summed up (without ``show_all``)."""
@@ -324,6 +324,11 @@ def report_text(comparison: Comparison, *, show_all: bool = False) -> Text:
 def render_table(comparison: Comparison, *, color: bool = False, show_all: bool = False) -> str:
     """:func:`report_text` as a string: ANSI-styled when ``color``, plain text otherwise, whatever the environment
     (NO_COLOR and FORCE_COLOR are for the CLI's console; here the caller decides)."""
+    return rendered(report_text(comparison, show_all=show_all), color=color)
+
+
+def rendered(text: Text, *, color: bool) -> str:
+    """Styled ``text`` as a string, ANSI-styled when ``color``, plain otherwise; no line wrapped or cut."""
     out = io.StringIO()
     console = Console(
         file=out,
@@ -338,5 +343,5 @@ def render_table(comparison: Comparison, *, color: bool = False, show_all: bool 
         no_color=False,
         color_system="standard" if color else None,
     )
-    console.print(report_text(comparison, show_all=show_all))
+    console.print(text)
     return out.getvalue().removesuffix("\n")
