@@ -307,6 +307,28 @@ def test_a_module_given_its_own_inputs_is_not_run_again(tmp_path: Path) -> None:
     assert reused == ["blocks.0.norm", "blocks.0.proj", "blocks.0", "blocks.1.norm", "blocks.1.proj", "blocks.1", ""]
 
 
+def test_hooks_count_as_the_caller_sees_them(tmp_path: Path) -> None:
+    """A module's forward hook and pre-hook are part of what its caller gives and gets, as capture records it: a
+    faithful port with the same hooks departs nowhere, and a hook only the port has is named at its module."""
+
+    def doubled(module: torch.nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        return output * 2
+
+    def halved(module: torch.nn.Module, args: Any) -> tuple[torch.Tensor, ...]:
+        return tuple(arg * 0.5 for arg in args)
+
+    original, port, x = tiny_pair((None, None, None))
+    for model in (original, port):
+        model.blocks[0].proj.register_forward_hook(doubled)
+        model.blocks[1].register_forward_pre_hook(halved)
+    graphtrace.capture(original, (x,), path=tmp_path / "original", values="safetensors")
+    assert _named(graphtrace.check(port, (x,), tmp_path / "original")) == []
+    port.blocks[2].proj.register_forward_hook(doubled)
+    report = graphtrace.check(port, (x,), tmp_path / "original")
+    assert _named(report) == ["blocks.2.proj"]
+    assert repr(report).endswith("modules judged, 1 depart: blocks.2.proj)") and len(repr(report)) < 200
+
+
 def test_a_block_run_alone_is_answered_by_what_its_modules_returned_on_the_same_inputs(tmp_path: Path) -> None:
     original, port, x = tiny_pair((None, None, None))
     scaled(port.blocks[0].proj, 1.01)  # block 1 and its modules run alone on other inputs than the port's own

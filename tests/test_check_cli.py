@@ -98,3 +98,20 @@ def test_bad_input_exits_2(folder: Path, args: list[str], message: str) -> None:
     result = run_cli("check", *args, cwd=folder)
     assert result.returncode == 2, result.stdout
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_port_that_raises_reads_its_own_error_first_and_exits_3(folder: Path) -> None:
+    (folder / "raising.py").write_text(
+        "import torch\n"
+        "class Broken(torch.nn.Module):\n"
+        "    def forward(self, ids):\n"
+        "        raise ValueError('the port is not finished')  # the port's own error\n"
+        "def build():\n"
+        "    return Broken(), (torch.zeros(1, 8, dtype=torch.long),)\n"
+    )
+    result = run_cli("check", "raising.py:build", "original", cwd=folder)
+    assert result.returncode == 3, result.stderr
+    assert "ValueError: the port is not finished" in result.stderr.splitlines()[0]
+    assert "graphtrace/" not in result.stderr.replace("graphtrace check", "").replace("graphtrace:", "")
+    full = run_cli("check", "raising.py:build", "original", "--traceback", cwd=folder)
+    assert full.returncode == 1 and full.stderr.startswith("Traceback (most recent call last):")

@@ -1,9 +1,10 @@
 """The port's module calls as they happened: each call's actual arguments and output, kept while the port runs once
 under capture, so that each module can be run again alone.
 
-Every module's ``forward`` is wrapped (through the engine's :class:`~graphtrace.engine.PatchLedger`, put back exactly
-on exit, also on error) before capture wraps it in turn: a call is named ``path@index`` as the recorder names it, so
-the live call and its :class:`~graphtrace.model.CallNode` meet by id. Arguments are kept by reference with the
+Every module's entry point is wrapped (``forward``, or around its hooks where it has some, as capture records it:
+:func:`~graphtrace.engine.eager.entry_point`; through the engine's :class:`~graphtrace.engine.PatchLedger`, put back
+exactly on exit, also on error) before capture wraps it in turn: a call is named ``path@index`` as the recorder names
+it, so the live call and its :class:`~graphtrace.model.CallNode` meet by id. Arguments are kept by reference with the
 version counter of every tensor in them: a tensor the port changed in place after the call no longer holds what the
 call was given, and is never used as if it did.
 """
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphtrace.engine.eager import PatchLedger, module_paths
+from graphtrace.engine.eager import PatchLedger, entry_point, module_paths
 
 __all__ = ["LiveCall", "LiveCalls", "live_tensors", "replaced", "version"]
 
@@ -111,8 +112,9 @@ class LiveCalls:
     def __enter__(self) -> LiveCalls:
         counts: dict[str, int] = {}
         try:
-            for path, module in module_paths(self.model):
-                self._ledger.set_instance_attr(module, "forward", self._wrapper(path, module, module.forward, counts))
+            for path, module in module_paths(self.model):  # what the caller gave and got, hooks included
+                name, method = entry_point(module, after_hooks=True)
+                self._ledger.set_instance_attr(module, name, self._wrapper(path, module, method, counts))
         except BaseException:
             self._ledger.restore()
             raise

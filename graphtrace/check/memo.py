@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from graphtrace.check.live import live_tensors, replaced, version
-from graphtrace.engine.eager import PatchLedger
+from graphtrace.engine.eager import PatchLedger, entry_point
 from graphtrace.model import CallNode
 
 __all__ = ["Known"]
@@ -108,9 +108,9 @@ class Known:
         try:
             for inner_module in module.modules():
                 path = paths.get(id(inner_module))
-                if inner_module is not module and path in recorded:
-                    forward = self._answering(path, inner_module.forward, recorded[path], counts)
-                    ledger.set_instance_attr(inner_module, "forward", forward)
+                if inner_module is not module and path in recorded:  # answered where the calls were kept: hooks in
+                    name, method = entry_point(inner_module, after_hooks=True)
+                    ledger.set_instance_attr(inner_module, name, self._answering(path, method, recorded[path], counts))
             yield
         finally:
             ledger.restore()

@@ -149,6 +149,17 @@ class CheckReport:
     def __str__(self) -> str:
         return self.table()
 
+    def __repr__(self) -> str:
+        """One line (``str()`` and :meth:`table` give the report): ``CheckReport(original='ref', port='Port', 45
+        modules judged, 2 depart: h.0.attn.out, h.2.ln2)``."""
+        named = ", ".join(self.port_path(check.port) or check.port.path for check in self.departures[:3])
+        more = f" (+{len(self.departures) - 3} more)" if len(self.departures) > 3 else ""
+        verdict = f"{len(self.departures)} depart: {named}{more}" if self.departures else "none departs"
+        return (
+            f"CheckReport(original={self.original_label!r}, port={self.port_label!r}, "
+            f"{self.counts()['checked']} modules judged, {verdict})"
+        )
+
     def _repr_html_(self) -> str:
         """Jupyter's view: the diff's notebook view of the modules' local verdicts."""
         return services().html(self.as_comparison())

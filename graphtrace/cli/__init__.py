@@ -3,8 +3,8 @@
 Each subcommand lives in its own module with ``add_parser(subparsers)``, which sets the function that runs it.
 ``show``, ``render``, ``view`` and ``diff`` read saved traces and never need the model. Exit codes: 0 success, 1 a
 difference found (``diff``, ``check``), 2 bad input (a message on stderr, no traceback), 3 the user's code raised
-(``capture``: the model or its factory; its own error and the partial trace's location first, then the traceback of
-its own code, graphtrace's frames only with ``--traceback``).
+(``capture``, ``check``: the model or its factory; its own error and the partial trace's location first, then the
+traceback of its own code, graphtrace's frames only with ``--traceback``).
 """
 
 from __future__ import annotations

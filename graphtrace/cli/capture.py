@@ -18,6 +18,7 @@ from graphtrace.cli.common import (
     graph_warnings_reported,
     trace_summary,
 )
+from graphtrace.cli.user_errors import add_traceback_option
 from graphtrace.errors import InvalidOptionError
 from graphtrace.model import Trace
 
@@ -44,11 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "one step per forward call (prefill, then each decoding step)",
     )
     add_capture_options(parser)
-    parser.add_argument(
-        "--traceback",
-        action="store_true",
-        help="when the model raises, print the whole traceback (graphtrace's own frames included)",
-    )
+    add_traceback_option(parser)
     parser.set_defaults(run=run)
 
 

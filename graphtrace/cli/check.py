@@ -2,7 +2,8 @@
 
 TARGET builds the port as ``graphtrace capture`` takes it (``file.py:function`` returning ``(model, inputs)``);
 ORIGINAL is the original's trace, captured with full values on the same inputs. Exit codes as ``diff``'s: 0 when no
-module departs, 1 when one does, 2 on bad input. The table is printed through rich as ``diff`` prints its own.
+module departs, 1 when one does, 2 on bad input; 3 as ``capture``'s when the port or its factory raises (its own
+error first). The table is printed through rich as ``diff`` prints its own.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from graphtrace.cli import EXIT_DIFFERENT, EXIT_OK
 from graphtrace.cli.capture import built_by
 from graphtrace.cli.diff import add_comparison_options, add_report_options, console
+from graphtrace.cli.user_errors import add_traceback_option
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,7 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
             "module whose own code departs is named, however many there are. TARGET is 'package.module:function' or "
             "'path/to/file.py:function' returning (model, inputs), as for capture. ORIGINAL is the original's trace "
             "directory, captured with --values bundle or safetensors on the same inputs. Exit code 0: no module "
-            "departs, 1: some module does, 2: bad input."
+            "departs, 1: some module does, 2: bad input, 3: the port or its factory raised."
         ),
     )
     parser.add_argument("target", metavar="TARGET", help="module:function or file.py:function returning (port, inputs)")
@@ -38,6 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         page="also write the modules' local verdicts as the diff's HTML page: both call trees side by side, "
         "departing modules coloured",
     )
+    add_traceback_option(parser)
     parser.set_defaults(run=run)
 
 

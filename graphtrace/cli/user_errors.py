@@ -9,7 +9,7 @@ import argparse
 import traceback
 from pathlib import Path
 
-__all__ = ["describe_user_error", "raised_by_user_code"]
+__all__ = ["add_traceback_option", "describe_user_error", "raised_by_user_code"]
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 _PLUMBING = ("/torch/nn/modules/module.py", "<frozen runpy>")  # nn.Module.__call__ (_call_impl), python -m
@@ -18,6 +18,15 @@ _NOTE = "graphtrace: "
 
 def _in_package(filename: str) -> bool:
     return Path(filename).resolve().is_relative_to(_PACKAGE)
+
+
+def add_traceback_option(parser: argparse.ArgumentParser) -> None:
+    """``--traceback``, for the subcommands that run the user's model (capture, check)."""
+    parser.add_argument(
+        "--traceback",
+        action="store_true",
+        help="when the model raises, print the whole traceback (graphtrace's own frames included)",
+    )
 
 
 def raised_by_user_code(exc: BaseException) -> bool:
