@@ -465,7 +465,9 @@ class _Sums:
         self.aa = self.bb = self.ab = 0.0
         self.magnitude = 0.0
         self.always_outside = 0
-        self.beyond: list[tuple[Any, Any]] = []  # (|b - a|, |a|) of the finite elements outside the given atol
+        self.outside = 0  # finite elements outside the given tolerance, counted where it is final
+        self.beyond: list[tuple[Any, Any]] = []  # (|b - a|, |a|) of those outside the given atol, where it grows
+        self.recount: list[int] = []  # where it grows, the slices (by start) of finite elements outside it
         # per slice, of b - a and of (b - a) * sign(a): (elements, mean, sum of squared deviations from it)
         self.differences: list[tuple[int, float, float]] = []
         self.signed: list[tuple[int, float, float]] = []
@@ -484,9 +486,78 @@ def _slices(a: Any, b: Any) -> Iterator[tuple[Any, Any]]:
 
 
 def _deviations(values: Any) -> tuple[float, float]:
-    """The mean of ``values`` and the sum of their squared deviations from it."""
-    mean = float(values.mean().item())
-    return mean, float(((values - mean) ** 2).sum().item())
+    """The mean of ``values`` and the sum of their squared deviations from it (two reductions, no temporaries)."""
+    return float(values.mean().item()), float(values.var(correction=0).item()) * int(values.numel())
+
+
+def _ordinary(ca: Any, cb: Any, dtypes: tuple[str, str] | None) -> bool:
+    """Both slices finite (a NaN or an infinity shows in their extremes) and, with ``dtypes``, none at a masked
+    position: the common case, where :func:`_elementwise` needs none of its masks."""
+    for values, dtype in zip((ca, cb), dtypes or ("", ""), strict=True):
+        if values.numel() == 0:
+            return False
+        low, high = values.aminmax()
+        low_, high_ = float(low.item()), float(high.item())
+        if not (math.isfinite(low_) and math.isfinite(high_)) or (
+            dtypes and low_ <= 0.5 * _LOWEST.get(dtype, -1.79e308)
+        ):
+            return False
+    return True
+
+
+def _add_slice(
+    sums: _Sums,
+    fa: Any,
+    fb: Any,
+    diff: Any | None,
+    comparable: Any | None,
+    rtol: float,
+    atol: float,
+    *,
+    start: int = 0,
+    largest: bool = False,
+    deferred: bool = False,
+) -> None:
+    """Adds one slice to ``sums``: ``fa``, ``fb`` the values (0 where not finite in both), ``diff`` their absolute
+    differences (0 where the same, infinite where only one is finite; None: ``|fb - fa|``, every element being finite
+    and none masked), ``comparable`` the elements finite in both that differ (None: all of them). ``largest`` also
+    gathers the largest magnitude of ``fa`` among the elements that differ; ``deferred``: ``atol`` is not final
+    (normwise), so the elements beyond it are counted at the end (the slice, from ``start``, again). As few passes
+    as the sums allow: this is where measuring spends its time."""
+    scale = fa.abs()
+    size = int(fa.numel())
+    delta = fb - fa
+    diff = delta.abs() if diff is None else diff
+    sums.magnitude += float(scale.sum().item())
+    if not bool(diff.any().item()):  # identical here (the common case): only the norms to add
+        squares = float((fa * fa).sum().item())
+        sums.aa, sums.bb, sums.ab = sums.aa + squares, sums.bb + squares, sums.ab + squares
+        sums.differences.append((size, 0.0, 0.0))
+        sums.signed.append((size, 0.0, 0.0))
+        return
+    sums.differs = True
+    if largest:
+        differing = float(scale.masked_fill(diff == 0, 0.0).max().item())
+        sums.largest_differing = max(sums.largest_differing, differing)
+    sums.aa += float((fa * fa).sum().item())
+    sums.bb += float((fb * fb).sum().item())
+    sums.ab += float((fa * fb).sum().item())
+    max_abs = float(diff.max().item())
+    sums.max_abs = max(sums.max_abs, max_abs)
+    # 0/0 where both are 0 (the same); anything else over 0 is infinite
+    sums.max_rel = max(sums.max_rel, float((diff / scale).nan_to_num(nan=0.0, posinf=math.inf).max().item()))
+    if max_abs > atol:  # else no element lies beyond atol + rtol * |a|, nor beyond a larger atol
+        beyond = ~(diff <= atol + rtol * scale)
+        if comparable is not None:
+            beyond = beyond & comparable
+        if not deferred:  # the final atol: counted now
+            sums.outside += int(beyond.sum().item())
+        elif comparable is None:  # atol grows at the end (normwise): the slice is counted again then
+            sums.recount.append(start)
+        elif bool(beyond.any().item()):  # as above, where masks would have to be made again: kept
+            sums.beyond.append((diff[beyond], scale[beyond]))
+    sums.differences.append((size, *_deviations(delta)))
+    sums.signed.append((size, *_deviations(delta * fa.sign())))
 
 
 def _elementwise(
@@ -507,7 +578,10 @@ def _elementwise(
     neither): known only at the end, so the finite elements beyond the given ``atol`` are kept and counted then."""
     sums = _Sums()
     n = a.numel()
-    for ca, cb in _slices(a, b):
+    for start, (ca, cb) in zip(range(0, n, SLICE), _slices(a, b), strict=True):
+        if _ordinary(ca, cb, dtypes if normwise or dtypes[0] else None):
+            _add_slice(sums, ca, cb, None, None, rtol, atol, start=start, largest=normwise, deferred=normwise)
+            continue
         finite = ca.isfinite() & cb.isfinite()
         lowest = (_masked(ca, dtypes[0]), _masked(cb, dtypes[1])) if normwise or dtypes[0] else None
         if normwise and lowest is not None:
@@ -525,39 +599,23 @@ def _elementwise(
                 finite = finite | masked  # set to 0 in both
         # over the elements finite in both; elementwise products and sums only (BLAS dot and boolean indexing of
         # whole tensors stall on a busy machine's thread pool)
-        fa = ca.masked_fill(~finite, 0.0)
-        scale = ca.abs()
         diff = (cb - ca).abs().masked_fill(same, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
-        size = int(ca.numel())
-        sums.magnitude += float(fa.abs().sum().item())
-        if not bool(diff.any().item()):  # identical here (the common case): only the norms to add
-            squares = float((fa * fa).sum().item())
-            sums.aa, sums.bb, sums.ab = sums.aa + squares, sums.bb + squares, sums.ab + squares
-            sums.differences.append((size, 0.0, 0.0))
-            sums.signed.append((size, 0.0, 0.0))
-            continue
-        sums.differs = True
-        fb = cb.masked_fill(~finite, 0.0)
-        sums.aa += float((fa * fa).sum().item())
-        sums.bb += float((fb * fb).sum().item())
-        sums.ab += float((fa * fb).sum().item())
-        sums.max_abs = max(sums.max_abs, float(diff.max().item()))
-        rel = (diff / scale).masked_fill(diff == 0, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
-        sums.max_rel = max(sums.max_rel, float(rel.max().item()))
-        sums.always_outside += int((~same & ~finite).sum().item())
-        beyond = finite & ~same & ~(diff <= atol + rtol * scale)
-        if bool(beyond.any().item()):
-            sums.beyond.append((diff[beyond], scale[beyond]))
-        delta = fb - fa
-        sums.differences.append((size, *_deviations(delta)))
-        sums.signed.append((size, *_deviations(delta * fa.sign())))
+        irregular = ~same & ~finite
+        sums.always_outside += int(irregular.sum().item())
+        fa, fb = ca.masked_fill(~finite, 0.0), cb.masked_fill(~finite, 0.0)
+        _add_slice(sums, fa, fb, diff, finite & ~same, rtol, atol, deferred=normwise)
     if normwise:
         atol = max(atol, rtol * sums.largest_differing)
     if not sums.differs:  # identical: exactly 1, not 1 up to rounding
         return _Elementwise(0, 0.0, 0.0, 1.0, 0.0, atol), sums
-    outside = sums.always_outside + sum(
-        int((~(diff <= atol + rtol * scale)).sum().item()) for diff, scale in sums.beyond
+    outside = (
+        sums.always_outside
+        + sums.outside
+        + sum(int((~(diff <= atol + rtol * scale)).sum().item()) for diff, scale in sums.beyond)
     )
+    for start in sums.recount:
+        ca, cb = a[start : start + SLICE].double(), b[start : start + SLICE].double()
+        outside += int((~((cb - ca).abs() <= atol + rtol * ca.abs())).sum().item())
     norms = math.sqrt(sums.aa) * math.sqrt(sums.bb)
     if norms > 0:
         cosine = max(-1.0, min(1.0, sums.ab / norms))
