@@ -367,6 +367,86 @@ def test_a_known_run_answers_only_the_same_arguments_still_intact() -> None:
     assert known.output("M.layer@0", (given,), {"flag": True}) == (False, None)
 
 
+def test_a_known_run_answers_arguments_equal_up_to_rounding_until_told_to_be_exact() -> None:
+    known = Known()
+    given, output = torch.randn(64, generator=torch.Generator().manual_seed(0)), torch.zeros(2)
+    known.add("M.layer@0", (given,), {}, output)
+    unit = float(given.abs().max()) * torch.finfo(given.dtype).eps
+    rounded = given + unit * torch.tensor([(-1.0) ** k for k in range(64)])  # a unit in the last place apart
+    assert known.output("M.layer@0", (rounded,), {})[0] and known.approximations == 1
+    assert known.output("M.layer@0", (given.clone(),), {})[0] and known.approximations == 1  # identical: exact
+    assert known.output("M.layer@0", (given * 1.0001,), {}) == (False, None)  # a departure is not rounding
+    known.add("M.block@0", (given,), {}, output, approximate=True)  # made through an approximate answer
+    assert known.output("M.block@0", (given.clone(),), {})[0] and known.approximations == 2
+    with known.exactly():
+        assert known.output("M.layer@0", (rounded,), {}) == (False, None)
+        assert known.output("M.block@0", (given.clone(),), {}) == (False, None)
+        assert known.output("M.layer@0", (given.clone(),), {})[0]
+    assert known.tolerant
+
+
+def test_a_faithful_port_is_judged_on_its_own_outputs_where_its_inputs_differ_by_rounding_only(
+    originals: dict[str, torch.nn.Module], traced: Callable[[str], Path], token_ids: torch.Tensor
+) -> None:
+    """Two faithful implementations hand each other values a few units in the last place apart: every module is
+    judged on what it returned in the port's own forward, and no module runs again (the check costs a capture)."""
+    port = independent_gpt2.port_of(originals["gpt2"])
+    runs = []
+    for module in port.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_pre_hook(lambda module, args: runs.append(module))
+    report = graphtrace.check(port, (token_ids,), traced("gpt2"))
+    linears = sum(isinstance(module, torch.nn.Linear) for module in port.modules())
+    assert report.equal and len(runs) == linears  # the port's own forward only
+    counts = report.counts()
+    assert counts["reused"] == counts["checked"] >= 30
+    rounded = [check for check in report.modules if check.worst is not None and (check.worst.max_abs or 0) > 0]
+    assert rounded  # values that differ by rounding: bit for bit, they would all have run alone again
+
+
+class _Rounding(torch.nn.Module):
+    """Hands its input on: unchanged, or rounded once through a product and a quotient."""
+
+    def __init__(self, exact: bool) -> None:
+        super().__init__()
+        self.exact = exact
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 1.0 if self.exact else x * 3.0 / 3.0
+
+
+class _Amplifying(torch.nn.Module):
+    """How far its input lies from a fixed value, a million times: rounding in its input becomes a departure."""
+
+    def __init__(self, centre: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("centre", centre)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.centre) * 1e6
+
+
+class _Chain(torch.nn.Module):
+    def __init__(self, exact: bool, centre: torch.Tensor) -> None:
+        super().__init__()
+        self.first, self.amplify = _Rounding(exact), _Amplifying(centre)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.amplify(self.first(x))
+
+
+def test_a_departure_found_through_rounding_is_judged_again_on_the_original_s_own_values(tmp_path: Path) -> None:
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
+    original, port = _Chain(True, x.clone()).eval(), _Chain(False, x.clone()).eval()
+    graphtrace.capture(original, (x,), path=tmp_path / "original", values="safetensors")
+    assert not torch.equal(port.first(x), x)  # the port's own input to amplify is the original's up to rounding
+    report = graphtrace.check(port, (x,), tmp_path / "original")
+    verdicts = {report.port_path(check.port): check for check in report.modules}
+    # its own output departs (rounding times a million); run alone on the original's input, it agrees
+    assert verdicts["amplify"].verdict == "agrees" and not verdicts["amplify"].reused
+    assert verdicts["first"].verdict == "agrees" and verdicts["first"].reused
+
+
 def test_the_port_keeps_its_forwards_also_when_its_forward_raises(tmp_path: Path) -> None:
     original, port, x = tiny_pair((None, None, None))
     graphtrace.capture(original, (x,), path=tmp_path / "original", values="bundle")

@@ -4,7 +4,9 @@ original's output.
 For one call, each tensor argument the diff pairs with a tensor of the original is given the original's value,
 laid out as the port holds it (:mod:`graphtrace.check.views`); the other arguments stay the port's own (copies of
 them). The module runs alone (:mod:`graphtrace.check.alone`), unless every argument given the original's value was
-the port's own bit for bit: its own output is then the answer, and nothing runs again. Each output is read back in
+the port's own, bit for bit or up to rounding (:func:`~graphtrace.check.memo.alike`): its own output is then the
+answer, and nothing runs again. A departure found through values equal only up to rounding is judged again on
+identical values alone, so that rounding never makes a departure. Each output is read back in
 the original's layout and measured with the diff's :func:`~graphtrace.compare.measure.measure` and tolerance.
 
 Then the verdicts are settled against each other: a module that departs departs on its own when every module inside
@@ -17,12 +19,13 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from graphtrace.check.alone import Guard, run_alone
 from graphtrace.check.live import LiveCall, live_tensors, replaced, version
-from graphtrace.check.memo import Known, same_bits
+from graphtrace.check.memo import Known, alike, same_bits
 from graphtrace.check.report import ModuleCheck
 from graphtrace.check.values import OriginalValues
 from graphtrace.check.views import View, view_between
@@ -44,6 +47,9 @@ class _Target:
     record: TensorRecord
     port_name: str
     view: View
+    layout: str | None = None
+    """The re-orderings of the last dim allowed for (None: any; "": none, for the model's own output, which its
+    caller reads as it is laid out)."""
 
 
 class _Skip(Exception):
@@ -75,8 +81,10 @@ def _where(original: torch.Tensor, port: torch.Tensor) -> tuple[int, ...]:
     a, b = original.detach().to(dtype), port.detach().to(dtype)
     if a.numel() == 0:
         return ()
-    alike = (a == b) | (torch.isnan(a) & torch.isnan(b))
-    delta = torch.nan_to_num((b - a).abs(), nan=math.inf).masked_fill(alike, 0.0)
+    delta = (b - a).abs()
+    if not math.isfinite(float(delta.sum().item())):  # a NaN or an infinity somewhere: masks needed
+        alike = (a == b) | (torch.isnan(a) & torch.isnan(b))
+        delta = torch.nan_to_num(delta, nan=math.inf).masked_fill(alike, 0.0)
     flat = int(delta.reshape(-1).argmax().item())
     return tuple(int(k) for k in torch.unravel_index(torch.tensor(flat), tuple(delta.shape)))
 
@@ -120,11 +128,17 @@ class Judge:
         targets = self._targets(node, pairs)
         given, kept = self._given(pairs[0], call)
         check = dataclasses.replace(check, given=tuple(given), kept=tuple(kept))
-        reused = call.output_intact and all(
-            call.input_intact(name) and same_bits(value, call.inputs[name]) for name, value in given.items()
-        )
+        before = self._known.approximations
+        answer = self._own_output_answers(call, given)
+        reused = answer is not None
         outputs = call.outputs if reused else self._run_alone(node, call, given, kept)
         diffs, where = self._measured(targets, outputs)
+        approximate = answer == "alike" or self._known.approximations > before
+        if approximate and any(diff.status == "diverged" for diff in diffs):  # confirmed on identical values only
+            with self._known.exactly():
+                reused = answer == "same"
+                outputs = call.outputs if reused else self._run_alone(node, call, given, kept)
+                diffs, where = self._measured(targets, outputs)
         statuses = {diff.status for diff in diffs}
         if "diverged" in statuses:
             return dataclasses.replace(check, verdict="departs", outputs=diffs, reused=reused, where=where)
@@ -132,6 +146,18 @@ class Judge:
             return dataclasses.replace(check, verdict="agrees", outputs=diffs, reused=reused)
         reasons = "; ".join(f"{diff.name_b}: {diff.reason}" for diff in diffs)
         raise _Skip("its outputs could not be compared", reasons)
+
+    @staticmethod
+    def _own_output_answers(call: LiveCall, given: dict[str, torch.Tensor]) -> Literal["same", "alike"] | None:
+        """Whether the port's own output is the answer: every argument given the original's value was the port's
+        own, bit for bit ("same") or up to rounding ("alike"), untouched since, and so is the output."""
+        if not call.output_intact or not all(call.input_intact(name) for name in given):
+            return None
+        if all(same_bits(value, call.inputs[name]) for name, value in given.items()):
+            return "same"
+        if all(alike(value, call.inputs[name]) for name, value in given.items()):
+            return "alike"
+        return None
 
     def _live(self, node: CallNode) -> LiveCall:
         if node.error is not None:
@@ -174,7 +200,8 @@ class Judge:
                         f"{diff.name_b} {list(port.shape)} has no view onto the original's {list(record.shape)}"
                     )
                 else:
-                    targets.append(_Target(diff, kept, diff.name_b.removeprefix("outputs"), view))
+                    name = diff.name_b.removeprefix("outputs")
+                    targets.append(_Target(diff, kept, name, view, None if inside else ""))
         if not targets:
             raise _Skip("its outputs could not be compared", "; ".join(missing) or "no output is paired")
         return targets
@@ -217,11 +244,13 @@ class Judge:
         new = {**given, **{name: call.inputs[name].clone() for name in kept}}
         args, kwargs = replaced(call.args, "_args", new), replaced(call.kwargs, "_kwargs", new)
         then = {id(t): (t, version(t)) for t in new.values()}
+        before = self._known.approximations
         with self._known.answering(node, call.module, self.paths):
             alone = run_alone(call.module, args, kwargs, self.guard)
         if alone.refused is not None:
             raise _Skip(alone.why, alone.refused)
-        self._known.add(node.id, args, kwargs, alone.output, then)
+        approximate = self._known.approximations > before
+        self._known.add(node.id, args, kwargs, alone.output, then, approximate=approximate)
         return dict(live_tensors(alone.output))
 
     def _measured(
@@ -276,7 +305,13 @@ class Judge:
             )
         else:
             diff = measure(
-                target.diff.name_a, target.record, target.diff.name_b, record, self.tolerance, (original, port)
+                target.diff.name_a,
+                target.record,
+                target.diff.name_b,
+                record,
+                self.tolerance,
+                (original, port),
+                layout=target.layout,
             )
         notes = "; ".join(filter(None, (target.view.description, diff.equivalence)))
         diff = dataclasses.replace(diff, shape_b=tuple(found.shape), equivalence=notes)

@@ -35,10 +35,10 @@ class ModuleCheck:
 
     ``outputs`` are its outputs measured against the original's (in the original's layout). ``given`` names the
     arguments that were given the original's value, ``kept`` those left the port's own (no counterpart, no view, a
-    mask in another convention). ``reused``: every argument given the original's value was the port's own bit for
-    bit, so the port's own output was compared and the module was not run again. ``where`` is the index, in the
-    original's layout, of the largest difference of the worst output. For a skipped module, ``why`` says why in a
-    few words (the same for every module skipped for that reason) and ``reason`` in full.
+    mask in another convention). ``reused``: every argument given the original's value was the port's own, bit for
+    bit or up to rounding, so the port's own output was compared and the module was not run again. ``where`` is
+    the index, in the original's layout, of the largest difference of the worst output. For a skipped module,
+    ``why`` says why in a few words (the same for every module skipped for that reason) and ``reason`` in full.
 
     ``own`` is set for a module that departs on its own; ``explained_by`` lists the ids of the departing calls
     inside a module that departs because of them; ``unchecked_inside`` the ids of the calls inside it that were not
