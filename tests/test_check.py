@@ -238,6 +238,7 @@ def test_a_live_original_is_captured_for_the_check(
     report = graphtrace.check(port, (token_ids,), (originals["gpt2"], {"input_ids": token_ids}))
     assert _named(report) == ["h.2.ln2"]
     assert report.original_label == "GPT2LMHeadModel (captured for the check)"
+    assert report.original.directory is None  # its temporary directory went with the check: none is named
 
 
 # -- modules that cannot be run alone, and the port left as it was -------------------------------------------------

@@ -92,6 +92,9 @@ def test_the_json_report_with_rules_and_a_tolerance(folder: Path) -> None:
         (["ports.py:two_bugs", "nowhere"], "no trace at 'nowhere'"),
         (["ports.py:faithful", "original", "--rtol", "-1"], "rtol must be a finite number >= 0"),
         (["ports.py:faithful", "plain"], "keeps no full values"),
+        # options are checked before the port is built (here it could not be): the bad option is what is said
+        (["unwritten.py:build", "original", "--rtol", "-1"], "rtol must be a finite number >= 0"),
+        (["unwritten.py:build", "original", "--map", "noequals"], "rename rule 'noequals' has no '='"),
     ],
 )
 def test_bad_input_exits_2(folder: Path, args: list[str], message: str) -> None:

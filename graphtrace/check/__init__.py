@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from graphtrace.check.run import Reference
 
-__all__ = ["CheckReport", "ModuleCheck", "Verdict", "check", "reference_trace"]
+__all__ = ["CheckReport", "ModuleCheck", "Verdict", "check", "checked_options", "reference_trace"]
 
 
 def _tolerance(name: str, value: object) -> float | None:
@@ -71,10 +71,18 @@ def check(
     Returns the :class:`CheckReport`: ``.departures`` (the modules that depart on their own, innermost first, in
     execution order), ``.equal``, ``.table()``, ``.to_json()``.
     """
-    if isinstance(rules, str):
-        rules = [rules]
-    parse_rules(rules)  # a malformed rule is an error before the port runs
-    tolerances = _tolerance("rtol", rtol), _tolerance("atol", atol)
+    rules, rtol, atol = checked_options(rules, rtol, atol)  # a malformed rule is an error before the port runs
     from graphtrace.check.run import run_check
 
-    return run_check(port, inputs, reference, rules=tuple(rules), rtol=tolerances[0], atol=tolerances[1])
+    return run_check(port, inputs, reference, rules=rules, rtol=rtol, atol=atol)
+
+
+def checked_options(
+    rules: Sequence[str] | str, rtol: float | None, atol: float | None
+) -> tuple[tuple[str, ...], float | None, float | None]:
+    """The rename rules and tolerances of :func:`check`, validated (a clear error naming the bad one): the command
+    line validates them before it builds the port, which may take long."""
+    if isinstance(rules, str):
+        rules = [rules]
+    parse_rules(rules)
+    return tuple(rules), _tolerance("rtol", rtol), _tolerance("atol", atol)

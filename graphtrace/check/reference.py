@@ -26,13 +26,15 @@ def reference_trace(reference: object) -> tuple[Trace, str]:
         trace, label = reference, reference.directory or reference.meta.model_class
     else:
         raise InvalidOptionError(
-            f"reference must be the original's saved trace (a directory captured with values='bundle' or "
-            f"'safetensors'), a Trace, or an (original_model, original_inputs) pair; got {type(reference).__name__}."
+            "reference must be the original's saved trace (a directory captured with values='bundle' or "
+            "'safetensors', on the command line --values bundle), a Trace, or an (original_model, original_inputs) "
+            f"pair; got {type(reference).__name__}."
         )
     if trace.directory is None or not _has_values(trace):
         raise InvalidOptionError(
             f"the original's trace {label} keeps no full values (captured with values={trace.meta.values!r}); the "
             "check gives each module of the port the original's own inputs, so capture the original with "
-            "values='bundle' or 'safetensors', or pass reference=(original_model, original_inputs)."
+            "values='bundle' or 'safetensors' (on the command line: graphtrace capture ... --values bundle), or "
+            "pass reference=(original_model, original_inputs)."
         )
     return trace, label

@@ -45,11 +45,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace) -> int:
-    from graphtrace.check import check, reference_trace
+    from graphtrace.check import check, checked_options, reference_trace
 
-    original, _ = reference_trace(args.original)  # a missing trace, or one without values, before the port is built
+    # a bad option, a missing trace or one without values: said before the port is built
+    rules, rtol, atol = checked_options(args.rules, args.rtol, args.atol)
+    original, _ = reference_trace(args.original)
     port, inputs = built_by(args.target)
-    report = check(port, inputs, original, rules=args.rules, rtol=args.rtol, atol=args.atol)
+    report = check(port, inputs, original, rules=rules, rtol=rtol, atol=atol)
     if args.html:
         from graphtrace.render.html import write_html
 
