@@ -505,6 +505,18 @@ def _ordinary(ca: Any, cb: Any, dtypes: tuple[str, str] | None) -> bool:
     return True
 
 
+def _ordinary_largest(a: Any, b: Any, dtypes: tuple[str, str]) -> float | None:
+    """The largest magnitude of ``a`` among the elements that differ, read in the tensors' own dtypes (exactly),
+    when every element of both is :func:`_ordinary`; else None."""
+    if a.numel() == 0 or not (a.is_floating_point() and b.is_floating_point()):
+        return None
+    for values, dtype in ((a, dtypes[0]), (b, dtypes[1])):
+        low, high = (float(x.item()) for x in values.aminmax())
+        if not (math.isfinite(low) and math.isfinite(high)) or low <= 0.5 * _LOWEST.get(dtype, -1.79e308):
+            return None
+    return float(a.abs().masked_fill(a == b, 0).max().item())
+
+
 def _add_slice(
     sums: _Sums,
     fa: Any,
@@ -575,11 +587,15 @@ def _elementwise(
     An element is the same in both when equal, NaN in both, the same infinity, or (with ``dtypes``) masked in both
     (:func:`_masked`, set to 0 first); a non-finite element is close only to itself. With ``normwise``, ``atol`` is
     at least ``rtol`` times the largest magnitude of ``a`` among the elements that differ (finite, masked in
-    neither): known only at the end, so the finite elements beyond the given ``atol`` are kept and counted then."""
+    neither): read first where every element is ordinary (:func:`_ordinary_largest`), else known only at the end,
+    so the finite elements beyond the given ``atol`` are counted then."""
     sums = _Sums()
     n = a.numel()
+    ordinary = _ordinary_largest(a, b, dtypes) if normwise else None
+    if ordinary is not None:  # atol is final from the start: nothing to count again
+        sums.largest_differing, atol, normwise = ordinary, max(atol, rtol * ordinary), False
     for start, (ca, cb) in zip(range(0, n, SLICE), _slices(a, b), strict=True):
-        if _ordinary(ca, cb, dtypes if normwise or dtypes[0] else None):
+        if ordinary is not None or _ordinary(ca, cb, dtypes if normwise or dtypes[0] else None):
             _add_slice(sums, ca, cb, None, None, rtol, atol, start=start, largest=normwise, deferred=normwise)
             continue
         finite = ca.isfinite() & cb.isfinite()
