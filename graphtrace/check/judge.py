@@ -4,7 +4,7 @@ original's output.
 For one call, each tensor argument the diff pairs with a tensor of the original is given the original's value,
 laid out as the port holds it (:mod:`graphtrace.check.views`); the other arguments stay the port's own (copies of
 them). The module runs alone (:mod:`graphtrace.check.alone`), unless every argument given the original's value was
-the port's own, bit for bit or up to rounding (:func:`~graphtrace.check.memo.alike`): its own output is then the
+the port's own, bit for bit or up to rounding (:func:`~graphtrace.check.memo.likeness`): its own output is then the
 answer, and nothing runs again. A departure found through values equal only up to rounding is judged again on
 identical values alone, so that rounding never makes a departure. Each output is read back in
 the original's layout and measured with the diff's :func:`~graphtrace.compare.measure.measure` and tolerance.
@@ -25,7 +25,7 @@ import torch
 
 from graphtrace.check.alone import Guard, run_alone
 from graphtrace.check.live import LiveCall, live_tensors, replaced, version
-from graphtrace.check.memo import Known, alike, same_bits
+from graphtrace.check.memo import ALIKE, SAME, Known, likeness, same_bits
 from graphtrace.check.report import ModuleCheck
 from graphtrace.check.values import OriginalValues
 from graphtrace.check.views import View, view_between
@@ -153,11 +153,8 @@ class Judge:
         own, bit for bit ("same") or up to rounding ("alike"), untouched since, and so is the output."""
         if not call.output_intact or not all(call.input_intact(name) for name in given):
             return None
-        if all(same_bits(value, call.inputs[name]) for name, value in given.items()):
-            return "same"
-        if all(alike(value, call.inputs[name]) for name, value in given.items()):
-            return "alike"
-        return None
+        least = min((likeness(value, call.inputs[name]) for name, value in given.items()), default=SAME)
+        return "same" if least == SAME else "alike" if least == ALIKE else None
 
     def _live(self, node: CallNode) -> LiveCall:
         if node.error is not None:
