@@ -448,6 +448,93 @@ def test_a_departure_found_through_rounding_is_judged_again_on_the_original_s_ow
     assert verdicts["first"].verdict == "agrees" and verdicts["first"].reused
 
 
+class _Marked(torch.nn.Module):
+    """Hands its input on (unchanged, or rounded once) with a column of NaN after it: a tensor with a NaN is matched
+    bit for bit only, so whatever is given it runs alone."""
+
+    def __init__(self, exact: bool) -> None:
+        super().__init__()
+        self.rounding = _Rounding(exact)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.rounding(x)
+        return torch.cat([y, torch.full_like(y[:, :1], float("nan"))], dim=1)
+
+
+class _Head(torch.nn.Module):
+    def __init__(self, centre: torch.Tensor) -> None:
+        super().__init__()
+        self.first, self.amplify = _Rounding(True), _Amplifying(centre)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.amplify(self.first(h[:, :-1]))
+
+
+class _Marking(torch.nn.Module):
+    def __init__(self, exact: bool, centre: torch.Tensor) -> None:
+        super().__init__()
+        self.marked, self.head = _Marked(exact), _Head(centre)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.marked(x))
+
+
+def test_a_container_that_departs_through_an_answer_given_up_to_rounding_is_judged_again(tmp_path: Path) -> None:
+    """``head`` runs alone (its input holds a NaN); inside, ``first`` is answered from the port's own run, whose
+    input was the original's up to rounding, and ``amplify`` from its own run on that: rounding times a million.
+    Judged again on identical values only, ``head`` agrees."""
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
+    original, port = _Marking(True, x.clone()).eval(), _Marking(False, x.clone()).eval()
+    graphtrace.capture(original, (x,), path=tmp_path / "original", values="safetensors")
+    report = graphtrace.check(port, (x,), tmp_path / "original")
+    verdicts = {report.port_path(check.port): check for check in report.modules}
+    assert verdicts["head"].verdict == "agrees" and not verdicts["head"].reused
+    assert verdicts["head.amplify"].verdict == verdicts["marked"].verdict == "agrees"
+
+
+class _Handing(torch.nn.Module):
+    """Hands its input to ``child``: as it is, times ``factor``, or with ``offset`` added to elements under 10."""
+
+    def __init__(self, factor: float = 1.0, offset: float = 0.0) -> None:
+        super().__init__()
+        self.child, self.factor, self.offset = torch.nn.Linear(64, 64), factor, offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.child(x * self.factor + self.offset * (x.abs() < 10).to(x.dtype))
+
+
+class _Handed(torch.nn.Module):
+    def __init__(self, scale: float = 1.0, **handing: float) -> None:
+        super().__init__()
+        self.block, self.scale = _Handing(**handing), scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x * self.scale)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "handing", "outlier"),
+    [
+        (torch.bfloat16, {"factor": 1.2}, False),  # 32 units of bfloat16 would be a quarter of a value
+        (torch.float16, {"factor": 1.01}, False),
+        (torch.float32, {"offset": 0.002}, True),  # one element of 3000 must not set the scale of the others
+    ],
+)
+def test_what_a_block_hands_its_module_wrong_is_never_taken_for_rounding(
+    tmp_path: Path, dtype: torch.dtype, handing: dict[str, float], outlier: bool
+) -> None:
+    torch.manual_seed(0)
+    original = _Handed().to(dtype).eval()
+    port = _Handed(scale=1.5, **handing).to(dtype).eval()  # a departure before the block: it runs alone
+    port.load_state_dict(original.state_dict())
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0)).to(dtype)
+    if outlier:
+        x[0, 0] = 3000.0
+    graphtrace.capture(original, (x,), path=tmp_path / "original", values="safetensors")
+    report = graphtrace.check(port, (x,), tmp_path / "original")
+    assert "block" in _named(report)
+
+
 def test_the_port_keeps_its_forwards_also_when_its_forward_raises(tmp_path: Path) -> None:
     original, port, x = tiny_pair((None, None, None))
     graphtrace.capture(original, (x,), path=tmp_path / "original", values="bundle")

@@ -202,3 +202,42 @@ def test_padding_up_to_size_one_dims_in_front_and_never_of_an_empty_tensor() -> 
         full = (*shape[:-1], 5)
         empty = measure("o", record(shape), "o", record(full), Tolerance(), (torch.zeros(shape), torch.randn(full)))
         assert empty.status == "diverged" and not empty.padded, empty
+
+
+def _outside_by_definition(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float, masked: torch.Tensor) -> int:
+    """Elements outside ``atol + rtol * |a|`` (normwise: atol at least rtol times the largest |a| among the finite
+    elements that differ and are masked in neither), counted one by one in float64: what measure must find."""
+    a, b = a.double(), b.double()
+    finite = a.isfinite() & b.isfinite()
+    same = (a == b) | (a.isnan() & b.isnan()) | masked
+    differing = finite & ~same
+    largest = float(a[differing].abs().max()) if bool(differing.any()) else 0.0
+    atol = max(atol, rtol * largest)
+    outside = ~same & (~finite | ~((b - a).abs() <= atol + rtol * a.abs()))
+    return int(outside.sum())
+
+
+@pytest.mark.parametrize("dtype_b", [torch.float32, torch.bfloat16])
+def test_normwise_counts_over_several_slices_with_a_nan_and_masks_in_one_of_them(dtype_b: torch.dtype) -> None:
+    """The tolerance grows with the largest differing magnitude, known only at the end; slices without NaN, infinity
+    or mask take a shorter path than those with: the count must be the same as element by element."""
+    from graphtrace.compare.measure import SLICE
+
+    n = 3 * SLICE + 17
+    a = torch.randn(n, generator=torch.Generator().manual_seed(0))
+    a[SLICE + 5 : SLICE + 9] = torch.finfo(torch.float32).min  # an additive mask's stand-ins, in one slice only
+    b = a.to(dtype_b, copy=True)
+    b[SLICE + 5 : SLICE + 9] = 0.9 * torch.finfo(dtype_b).min  # another mask value, in B's dtype: alike
+    b[40] = math.nan  # a NaN in B only, in another slice than the masks
+    b[2 * SLICE + 3 : 2 * SLICE + 300] += 0.5  # a departure in another slice
+    a[-1], b[-1] = 60.0, 61.0  # the largest differing magnitude, in the last (short) slice
+    a[10:20], b[10:20] = 1e-3, 1e-3 + 5e-5  # outside atol 1e-5, inside the normwise atol (rtol times 60)
+    record_a = _record(None, shape=(n,))
+    record_b = _record(None, dtype=str(dtype_b), shape=(n,))
+    diff = measure("outputs", record_a, "outputs", record_b, Tolerance(), values=(a, b))
+    rtol, atol = Tolerance().for_dtypes("torch.float32", str(dtype_b))
+    masked = torch.zeros(n, dtype=torch.bool)
+    masked[SLICE + 5 : SLICE + 9] = True
+    expected = _outside_by_definition(a, b.float(), rtol, atol, masked)
+    assert expected < _outside_by_definition(a, b.float(), 0.0, atol, masked)  # the normwise atol counts here
+    assert diff.status == "diverged" and diff.outside == expected and diff.max_abs == math.inf

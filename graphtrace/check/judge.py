@@ -52,6 +52,10 @@ class _Target:
     caller reads as it is laid out)."""
 
 
+_MeasureKey = tuple[int, str | None, str, str | None]
+"""A measurement's: the port's output (by ``id``), the original's value file, the view, the layouts allowed."""
+
+
 class _Skip(Exception):
     """A module that cannot be judged: ``why`` in a few words, ``reason`` in full."""
 
@@ -101,8 +105,8 @@ class Judge:
     root: CallNode
     paths: dict[int, str]
     """Each module of the port (by ``id``) named as its calls are (``Class.path``)."""
-    _memo: dict[tuple[int, str | None, str], tuple[torch.Tensor, TensorDiff, tuple[int, ...] | None]] = field(
-        default_factory=dict
+    _memo: dict[tuple[int, str | None, str, str | None], tuple[torch.Tensor, TensorDiff, tuple[int, ...] | None]] = (
+        field(default_factory=dict)
     )
     _known: Known = field(default_factory=Known)
 
@@ -135,10 +139,9 @@ class Judge:
         diffs, where = self._measured(targets, outputs)
         approximate = answer == "alike" or self._known.approximations > before
         if approximate and any(diff.status == "diverged" for diff in diffs):  # confirmed on identical values only
-            with self._known.exactly():
-                reused = answer == "same"
-                outputs = call.outputs if reused else self._run_alone(node, call, given, kept)
-                diffs, where = self._measured(targets, outputs)
+            with self._known.exactly():  # ("same" took the port's own output: nothing approximated)
+                reused = False
+                diffs, where = self._measured(targets, self._run_alone(node, call, given, kept))
         statuses = {diff.status for diff in diffs}
         if "diverged" in statuses:
             return dataclasses.replace(check, verdict="departs", outputs=diffs, reused=reused, where=where)
@@ -261,7 +264,7 @@ class Judge:
             if found is None or not isinstance(found, torch.Tensor):
                 diffs.append(self._lost(target, "run alone, it returned no such output"))
                 continue
-            key = (id(found), target.record.file, target.view.description)
+            key = (id(found), target.record.file, target.view.description, target.layout)
             memo = self._memo.get(key)
             if memo is not None and memo[0] is found:  # a container's output that is a call's inside it: measured
                 diff, where = memo[1], memo[2]

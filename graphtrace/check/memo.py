@@ -26,10 +26,11 @@ import torch
 from torch import nn
 
 from graphtrace.check.live import live_tensors, replaced, version
+from graphtrace.compare.measure import Tolerance
 from graphtrace.engine.eager import PatchLedger, entry_point
 from graphtrace.model import CallNode
 
-__all__ = ["ALIKE", "APART", "ROUNDING_UNITS", "SAME", "Known", "alike", "likeness", "same_bits"]
+__all__ = ["ALIKE", "APART", "SAME", "Known", "alike", "likeness", "same_bits"]
 
 _PLAIN = (bool, int, float, str, bytes, type(None), torch.dtype, torch.device)
 
@@ -52,15 +53,18 @@ def _may_hold_nan(a: torch.Tensor) -> bool:
     return math.isnan(total.real) or math.isnan(total.imag)
 
 
-ROUNDING_UNITS = 32
-"""How far apart two tensors may lie and still be :func:`alike`: in units in the last place of the larger one's
-largest magnitude. Faithful ports of GPT-2 small hand every module inputs within 11 such units of the original's
-after 12 blocks; a 1.0001x departure lies 840 units away, a 1.00001x one 84."""
+_TOLERANCE_SHARE = 2
+"""Elements of :func:`alike` tensors lie within this fraction (a half) of the dtype's default tolerance."""
 
 
 def alike(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """The same bits, or floating values of one dtype and shape that differ by rounding only (all finite, at most
-    :data:`ROUNDING_UNITS` units in the last place of the largest magnitude apart)."""
+    """The same bits, or floating values of one dtype and shape that the diff's measure would itself call equal,
+    with margin: every element within half the dtype's default tolerance of ``b``'s (``torch.testing``'s, whatever
+    the user set), and no lean: the mean difference, and the mean difference along ``b``'s signs, within one unit
+    in the last place of the mean magnitude, a quarter of the smallest lean the measure can see. Rounding between
+    two faithful implementations stays far inside both (GPT-2 small after 12 blocks: at most 0.39 of the tolerance,
+    leans of 0.08 units); a departure the measure could see, even one below the tolerance (a 1.0001x scaling),
+    does not."""
     return _tensor_likeness(a, b, tolerant=True) != APART
 
 
@@ -81,11 +85,23 @@ def _tensor_likeness(a: torch.Tensor, b: torch.Tensor, tolerant: bool) -> int:
         return SAME if same_bits(a, b) else APART
     if not tolerant or not (math.isfinite(low) and math.isfinite(high)):
         return APART
-    bound = ROUNDING_UNITS * torch.finfo(a.dtype).eps * max(-low, high)
-    flat_a, flat_b = a.reshape(-1), b.reshape(-1)
-    if not float((flat_a[:_HEAD] - flat_b[:_HEAD]).abs().max().item()) <= bound:  # NaN in b: not alike either
-        return APART
-    return ALIKE if float((a - b).abs().max().item()) <= bound else APART
+    return ALIKE if _within_rounding(a.reshape(-1), b.reshape(-1)) else APART
+
+
+def _within_rounding(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """See :func:`alike`; ``a`` and ``b`` flat, ``a`` finite. Read in the tensors' dtype, at least float32 (the
+    means' own rounding is far below the unit they are held to)."""
+    rtol, atol = Tolerance().for_dtypes(str(a.dtype), str(b.dtype))
+    wide = torch.promote_types(a.dtype, torch.float32)
+    for end in (_HEAD, None):  # the first elements, then all of them
+        x, y = a[:end].to(wide), b[:end].to(wide)
+        difference, magnitude = x - y, y.abs()
+        bound = magnitude.mul(rtol / _TOLERANCE_SHARE).add_(atol / _TOLERANCE_SHARE)
+        if not bool((difference.abs() <= bound).all().item()):  # NaN in b: not within either
+            return False
+    allowed = torch.finfo(a.dtype).eps * float(magnitude.mean().item())
+    offset, scaling = float(difference.mean().item()), float((difference * y.sign()).mean().item())
+    return abs(offset) <= allowed and abs(scaling) <= allowed
 
 
 SAME, ALIKE, APART = 2, 1, 0
@@ -171,22 +187,24 @@ class Known:
     def output(self, call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
         """(True, a copy of the output) of a known, intact run of ``call`` given these arguments; (False, None)
         when there is none. A run given identical arguments is preferred to one given (while tolerant) alike ones."""
-        found: _Run | None = None
-        exact = False
+        best: tuple[int, _Run] | None = None  # identical arguments first, then a run made exactly
         for run in self._runs.get(call, ()):
             if not run.intact or (run.approximate and not self.tolerant):
                 continue
             match = likeness(run.args, args, self.tolerant)
             if match != APART:
                 match = min(match, likeness(run.kwargs, kwargs, self.tolerant))
-            if match == SAME:
-                found, exact = run, not run.approximate
+            if match == APART:
+                continue
+            rank = 2 * (match == SAME) + (not run.approximate)
+            if best is None or rank > best[0]:
+                best = rank, run
+            if rank == 3:
                 break
-            if match == ALIKE and found is None:
-                found = run
-        if found is None:
+        if best is None:
             return False, None
-        if not exact:
+        rank, found = best
+        if rank < 3:
             self.approximations += 1
         copies = {name: tensor.clone() for name, tensor in live_tensors(found.output)}
         return True, replaced(found.output, "", copies)

@@ -166,7 +166,11 @@ def report_text(report: CheckReport, *, show_all: bool = False) -> Text:
             f"each module of the port run alone on the original's inputs: {counts['checked']} judged "
             f"({counts['agree']} agree, {counts['depart']} depart), {counts['skipped']} skipped, "
             f"{counts['unmatched']} without counterpart"
-            + (f"; {counts['reused']} given their own inputs up to rounding (not run again)" * bool(counts["reused"]))
+            + (
+                f"; {counts['reused']} given their own inputs up to rounding (not run again)"
+                if counts["reused"]
+                else ""
+            )
         ),
         _line(f"tolerance: {report.tolerance.describe()}"),
         _line(),
