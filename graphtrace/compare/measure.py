@@ -572,6 +572,42 @@ def _add_slice(
     sums.signed.append((size, *_deviations(delta * fa.sign())))
 
 
+def _recounted(a: Any, b: Any, starts: Sequence[int], rtol: float, atol: float) -> int:
+    """The elements beyond ``atol + rtol * |a|`` in the ordinary slices that begin at ``starts``."""
+    outside = 0
+    for start in starts:
+        ca, cb = a[start : start + SLICE].double(), b[start : start + SLICE].double()
+        outside += int((~((cb - ca).abs() <= atol + rtol * ca.abs())).sum().item())
+    return outside
+
+
+def _add_irregular_slice(
+    sums: _Sums, ca: Any, cb: Any, rtol: float, atol: float, dtypes: tuple[str, str], normwise: bool
+) -> None:
+    """Adds a slice that holds a NaN, an infinity or (with ``dtypes``) a masked position: see :func:`_elementwise`."""
+    finite = ca.isfinite() & cb.isfinite()
+    lowest = (_masked(ca, dtypes[0]), _masked(cb, dtypes[1])) if normwise or dtypes[0] else None
+    if normwise and lowest is not None:
+        differing = (ca != cb) & finite & ~lowest[0] & ~lowest[1]
+        if bool(differing.any().item()):
+            largest = float(ca.masked_fill(~differing, 0.0).abs().max().item())
+            sums.largest_differing = max(sums.largest_differing, largest)
+    same = (ca == cb) | (ca.isnan() & cb.isnan())
+    if dtypes[0] and lowest is not None:
+        masked = lowest[0] & lowest[1]
+        if bool(masked.any().item()):
+            same = same | masked
+            sums.masked_alike = sums.masked_alike or bool((masked & (ca != cb)).any().item())
+            ca, cb = ca.masked_fill(masked, 0.0), cb.masked_fill(masked, 0.0)
+            finite = finite | masked  # set to 0 in both
+    # over the elements finite in both; elementwise products and sums only (BLAS dot and boolean indexing of
+    # whole tensors stall on a busy machine's thread pool)
+    diff = (cb - ca).abs().masked_fill(same, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
+    sums.always_outside += int((~same & ~finite).sum().item())
+    fa, fb = ca.masked_fill(~finite, 0.0), cb.masked_fill(~finite, 0.0)
+    _add_slice(sums, fa, fb, diff, finite & ~same, rtol, atol, deferred=normwise)
+
+
 def _elementwise(
     a: Any,
     b: Any,
@@ -587,39 +623,25 @@ def _elementwise(
     An element is the same in both when equal, NaN in both, the same infinity, or (with ``dtypes``) masked in both
     (:func:`_masked`, set to 0 first); a non-finite element is close only to itself. With ``normwise``, ``atol`` is
     at least ``rtol`` times the largest magnitude of ``a`` among the elements that differ (finite, masked in
-    neither): read first where every element is ordinary (:func:`_ordinary_largest`), else known only at the end,
-    so the finite elements beyond the given ``atol`` are counted then."""
+    neither): read over the whole tensor the first time it matters (an element beyond the given ``atol``) where every
+    element is ordinary (:func:`_ordinary_largest`), else known only at the end, so the finite elements beyond the
+    given ``atol`` are counted then."""
     sums = _Sums()
     n = a.numel()
-    ordinary = _ordinary_largest(a, b, dtypes) if normwise else None
-    if ordinary is not None:  # atol is final from the start: nothing to count again
-        sums.largest_differing, atol, normwise = ordinary, max(atol, rtol * ordinary), False
+    ordinary: float | None = None  # every element ordinary, and the largest differing magnitude: atol is final
+    tried = not normwise
     for start, (ca, cb) in zip(range(0, n, SLICE), _slices(a, b), strict=True):
         if ordinary is not None or _ordinary(ca, cb, dtypes if normwise or dtypes[0] else None):
             _add_slice(sums, ca, cb, None, None, rtol, atol, start=start, largest=normwise, deferred=normwise)
-            continue
-        finite = ca.isfinite() & cb.isfinite()
-        lowest = (_masked(ca, dtypes[0]), _masked(cb, dtypes[1])) if normwise or dtypes[0] else None
-        if normwise and lowest is not None:
-            differing = (ca != cb) & finite & ~lowest[0] & ~lowest[1]
-            if bool(differing.any().item()):
-                largest = float(ca.masked_fill(~differing, 0.0).abs().max().item())
-                sums.largest_differing = max(sums.largest_differing, largest)
-        same = (ca == cb) | (ca.isnan() & cb.isnan())
-        if dtypes[0] and lowest is not None:
-            masked = lowest[0] & lowest[1]
-            if bool(masked.any().item()):
-                same = same | masked
-                sums.masked_alike = sums.masked_alike or bool((masked & (ca != cb)).any().item())
-                ca, cb = ca.masked_fill(masked, 0.0), cb.masked_fill(masked, 0.0)
-                finite = finite | masked  # set to 0 in both
-        # over the elements finite in both; elementwise products and sums only (BLAS dot and boolean indexing of
-        # whole tensors stall on a busy machine's thread pool)
-        diff = (cb - ca).abs().masked_fill(same, 0.0).nan_to_num(nan=math.inf, posinf=math.inf)
-        irregular = ~same & ~finite
-        sums.always_outside += int(irregular.sum().item())
-        fa, fb = ca.masked_fill(~finite, 0.0), cb.masked_fill(~finite, 0.0)
-        _add_slice(sums, fa, fb, diff, finite & ~same, rtol, atol, deferred=normwise)
+        else:
+            _add_irregular_slice(sums, ca, cb, rtol, atol, dtypes, normwise)
+        if not tried and sums.recount:  # the final atol matters now
+            tried = True
+            ordinary = _ordinary_largest(a, b, dtypes)
+            if ordinary is not None:
+                sums.largest_differing, atol, normwise = ordinary, max(atol, rtol * ordinary), False
+                sums.outside += _recounted(a, b, sums.recount, rtol, atol)
+                sums.recount.clear()
     if normwise:
         atol = max(atol, rtol * sums.largest_differing)
     if not sums.differs:  # identical: exactly 1, not 1 up to rounding
@@ -629,9 +651,7 @@ def _elementwise(
         + sums.outside
         + sum(int((~(diff <= atol + rtol * scale)).sum().item()) for diff, scale in sums.beyond)
     )
-    for start in sums.recount:
-        ca, cb = a[start : start + SLICE].double(), b[start : start + SLICE].double()
-        outside += int((~((cb - ca).abs() <= atol + rtol * ca.abs())).sum().item())
+    outside += _recounted(a, b, sums.recount, rtol, atol)
     norms = math.sqrt(sums.aa) * math.sqrt(sums.bb)
     if norms > 0:
         cosine = max(-1.0, min(1.0, sums.ab / norms))
