@@ -9,6 +9,7 @@ nothing of the port changes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 import graphtrace
-from graphtrace.check.memo import Known
+from graphtrace.check.memo import Known, alike
 from graphtrace.check.views import view_between
 from graphtrace.errors import InvalidOptionError
 from tests import independent_gpt2, independent_llama
@@ -384,6 +385,30 @@ def test_a_known_run_answers_arguments_equal_up_to_rounding_until_told_to_be_exa
         assert known.output("M.block@0", (given.clone(),), {}) == (False, None)
         assert known.output("M.layer@0", (given.clone(),), {})[0]
     assert known.tolerant
+
+
+def test_alike_is_what_the_measure_would_call_equal_with_margin() -> None:
+    b = torch.randn(100_000, generator=torch.Generator().manual_seed(0))
+    noise = torch.randint(0, 2, b.shape, generator=torch.Generator().manual_seed(1)).bool()
+    rounded = torch.where(noise, b.nextafter(b + 1), b.nextafter(b - 1))  # a unit in the last place, either way
+    assert alike(rounded, b)
+    assert not alike(b * 1.0000005, b)  # within half the tolerance, but leaning: a scaling
+    assert not alike(b + 3e-6, b)  # within half the tolerance, but leaning: an offset
+    assert not alike(b + 1e-5 * torch.randn(b.shape, generator=torch.Generator().manual_seed(2)), b)  # beyond it
+    overflowed = b.clone()
+    overflowed[7] = math.inf
+    assert not alike(b, overflowed) and not alike(overflowed, b)  # an infinity on either side is not rounding
+    eight = b[:64].to(torch.float8_e4m3fn)
+    assert alike(eight, eight.clone()) and not alike(eight, (b[:64] * 2).to(torch.float8_e4m3fn))
+
+
+def test_a_known_run_made_exactly_answers_before_one_made_through_an_approximation() -> None:
+    known = Known()
+    given = torch.randn(64, generator=torch.Generator().manual_seed(0))
+    known.add("M.layer@0", (given,), {}, torch.zeros(1), approximate=True)
+    known.add("M.layer@0", (given.clone(),), {}, torch.ones(1))
+    found, answer = known.output("M.layer@0", (given.clone(),), {})
+    assert found and torch.equal(answer, torch.ones(1)) and known.approximations == 0
 
 
 def test_a_faithful_port_is_judged_on_its_own_outputs_where_its_inputs_differ_by_rounding_only(

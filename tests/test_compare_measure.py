@@ -241,3 +241,23 @@ def test_normwise_counts_over_several_slices_with_a_nan_and_masks_in_one_of_them
     expected = _outside_by_definition(a, b.float(), rtol, atol, masked)
     assert expected < _outside_by_definition(a, b.float(), 0.0, atol, masked)  # the normwise atol counts here
     assert diff.status == "diverged" and diff.outside == expected and diff.max_abs == math.inf
+
+
+def test_normwise_read_once_it_matters_counts_the_slices_before_it_again() -> None:
+    """Every element ordinary: the normwise atol is read over the whole tensor the first time a slice holds an
+    element beyond the given atol (here slice 1), and the largest differing magnitude lies in a later slice."""
+    from graphtrace.compare.measure import SLICE
+
+    n = 4 * SLICE
+    a = torch.randn(n, generator=torch.Generator().manual_seed(0))
+    b = a.clone()
+    b[SLICE + 3 : SLICE + 13] += 4e-5  # beyond atol 1e-5, within the final atol (rtol times 50)
+    b[SLICE + 20] += 1.0  # beyond both
+    a[3 * SLICE + 1], b[3 * SLICE + 1] = 50.0, 50.5  # the largest differing magnitude, two slices later
+    record = _record(None, shape=(n,))
+    diff = measure("outputs", record, "outputs", record, Tolerance(), values=(a, b))
+    rtol, atol = Tolerance().for_dtypes("torch.float32", "torch.float32")
+    none = torch.zeros(n, dtype=torch.bool)
+    expected = _outside_by_definition(a, b, rtol, atol, none)
+    assert expected == 2 < _outside_by_definition(a, b, 0.0, atol, none)
+    assert diff.outside == expected
