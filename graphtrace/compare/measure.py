@@ -508,12 +508,8 @@ def _ordinary(ca: Any, cb: Any, dtypes: tuple[str, str] | None) -> bool:
 def _ordinary_largest(a: Any, b: Any, dtypes: tuple[str, str]) -> float | None:
     """The largest magnitude of ``a`` among the elements that differ, read in the tensors' own dtypes (exactly),
     when every element of both is :func:`_ordinary`; else None."""
-    if a.numel() == 0 or not (a.is_floating_point() and b.is_floating_point()):
+    if not (a.is_floating_point() and b.is_floating_point()) or not _ordinary(a, b, dtypes):
         return None
-    for values, dtype in ((a, dtypes[0]), (b, dtypes[1])):
-        low, high = (float(x.item()) for x in values.aminmax())
-        if not (math.isfinite(low) and math.isfinite(high)) or low <= 0.5 * _LOWEST.get(dtype, -1.79e308):
-            return None
     return float(a.abs().masked_fill(a == b, 0).max().item())
 
 
