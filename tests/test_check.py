@@ -400,6 +400,8 @@ def test_alike_is_what_the_measure_would_call_equal_with_margin() -> None:
     assert not alike(b, overflowed) and not alike(overflowed, b)  # an infinity on either side is not rounding
     eight = b[:64].to(torch.float8_e4m3fn)
     assert alike(eight, eight.clone()) and not alike(eight, (b[:64] * 2).to(torch.float8_e4m3fn))
+    eight[3] = math.nan  # NaN: bit for bit only, in a dtype torch cannot sum
+    assert alike(eight, eight.clone()) and not alike(eight, (b[:64] * 2).to(torch.float8_e4m3fn))
 
 
 def test_a_known_run_made_exactly_answers_before_one_made_through_an_approximation() -> None:

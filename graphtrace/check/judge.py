@@ -105,9 +105,7 @@ class Judge:
     root: CallNode
     paths: dict[int, str]
     """Each module of the port (by ``id``) named as its calls are (``Class.path``)."""
-    _memo: dict[tuple[int, str | None, str, str | None], tuple[torch.Tensor, TensorDiff, tuple[int, ...] | None]] = (
-        field(default_factory=dict)
-    )
+    _memo: dict[_MeasureKey, tuple[torch.Tensor, TensorDiff, tuple[int, ...] | None]] = field(default_factory=dict)
     _known: Known = field(default_factory=Known)
 
     def __post_init__(self) -> None:

@@ -49,7 +49,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _may_hold_nan(a: torch.Tensor) -> bool:
     """False when ``a`` holds no NaN: its sum is NaN whenever it holds one (and when infinities of both signs
     cancel), in one vectorised pass, where ``isnan`` is several."""
-    total = complex(a.sum().item())
+    total = complex(_widened(a).sum().item())
     return math.isnan(total.real) or math.isnan(total.imag)
 
 
