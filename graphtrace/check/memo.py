@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 
 from graphtrace.check.live import live_tensors, replaced, version
 from graphtrace.compare.measure import Tolerance
@@ -78,14 +79,17 @@ def _tensor_likeness(a: torch.Tensor, b: torch.Tensor, tolerant: bool) -> int:
         return APART
     if a is b or torch.equal(a, b):
         return SAME
-    if not a.is_floating_point():
-        return SAME if same_bits(a, b) else APART  # complex values: NaN where both hold it
+    if not tolerant or not a.is_floating_point():
+        return SAME if same_bits(a, b) else APART  # NaN where both hold it; complex values
+    flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+    if flat_a.numel() > _HEAD and _apart(flat_a[:_HEAD], flat_b[:_HEAD]):
+        return APART
     extremes = [float(x.item()) for t in (a, b) for x in _widened(t).aminmax()]
     if any(math.isnan(x) for x in extremes):  # NaN somewhere: bit for bit only
         return SAME if same_bits(a, b) else APART
-    if not tolerant or not all(math.isfinite(x) for x in extremes):  # an infinity: never mere rounding
+    if not all(math.isfinite(x) for x in extremes):  # an infinity: never mere rounding
         return APART
-    return ALIKE if _within_rounding(a.reshape(-1), b.reshape(-1)) else APART
+    return ALIKE if _within_rounding(flat_a, flat_b) else APART
 
 
 def _widened(t: torch.Tensor) -> torch.Tensor:
@@ -93,18 +97,30 @@ def _widened(t: torch.Tensor) -> torch.Tensor:
     return t if t.element_size() > 1 else t.float()
 
 
-def _within_rounding(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """See :func:`alike`; ``a`` and ``b`` flat and finite. Read in the tensors' dtype, at least float32 (the
-    means' own rounding is far below the unit they are held to)."""
+def _wide(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``a`` and ``b`` read in their dtype, at least float32 (the means' own rounding is far below the unit they are
+    held to), and the bound each difference is held to: half the dtype's default tolerance."""
     rtol, atol = Tolerance().for_dtypes(str(a.dtype), str(b.dtype))
     wide = torch.float64 if a.dtype == torch.float64 else torch.float32
-    for end in (_HEAD, None) if a.numel() > _HEAD else (None,):  # the first elements, then all of them
-        x, y = a[:end].to(wide), b[:end].to(wide)
-        difference, magnitude = x - y, y.abs()
-        bound = magnitude.mul(rtol / _TOLERANCE_SHARE).add_(atol / _TOLERANCE_SHARE)
-        if not bool((difference.abs() <= bound).all().item()):  # NaN in b: not within either
-            return False
-    allowed = torch.finfo(a.dtype).eps * float(magnitude.mean().item())
+    x, y = a.to(wide), b.to(wide)
+    return x, y, y.abs().mul_(rtol / _TOLERANCE_SHARE).add_(atol / _TOLERANCE_SHARE)
+
+
+def _apart(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Some element of ``a`` is beyond rounding of ``b``'s and not the same value (equal infinities and NaN on both
+    sides are left to the whole tensor's reading): the tensors are neither alike nor the same bits."""
+    x, y, bound = _wide(a, b)
+    beyond = ~((x - y).abs() <= bound) & (x != y) & ~(x.isnan() & y.isnan())
+    return bool(beyond.any().item())
+
+
+def _within_rounding(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """See :func:`alike`; ``a`` and ``b`` flat and finite."""
+    x, y, bound = _wide(a, b)
+    difference = x - y
+    if not bool((difference.abs() <= bound).all().item()):
+        return False
+    allowed = torch.finfo(a.dtype).eps * float(y.abs().mean().item())
     offset, scaling = float(difference.mean().item()), float((difference * y.sign()).mean().item())
     return abs(offset) <= allowed and abs(scaling) <= allowed
 
@@ -241,7 +257,8 @@ class Known:
             k = counts.get(path, 0)
             counts[path] = k + 1
             if k < len(calls):
-                found, output = self.output(calls[k], args, kwargs)
+                with _disable_current_modes():  # the lookup is the check's work, not the module's: unguarded
+                    found, output = self.output(calls[k], args, kwargs)
                 if found:
                     return output
             return forward(*args, **kwargs)
