@@ -782,27 +782,10 @@ def _from_values(ta: Any, tb: Any, base: dict[str, Any], normwise: bool, layout:
     if found.outside == 0 and sums.masked_alike:
         equivalence = _join(equivalence, "masked positions (-inf and the dtype's lowest value) compared alike")
     reorderable = ta.is_floating_point() and tb.is_floating_point()  # ids in another order are other ids
-    if found.outside and reorderable and ta.shape[-1:] == tb.shape[-1:] and ta.dim() and ta.numel() == tb.numel():
-        shaped_b = tb.detach().reshape(ta.shape).double()
-        shaped_a = ta.detach().double()
-        head_rows = _first_rows(shaped_a), _first_rows(shaped_b)
-        for description, reorder in _last_dim_permutations(tuple(ta.shape)):
-            if layout is not None and description != layout:
-                continue
-            if not _within(head_rows[0], reorder(head_rows[1]), rtol, atol):
-                continue  # cheap refusal on the first rows before the whole tensor
-            trial, _ = _elementwise(shaped_a.reshape(-1), reorder(shaped_b).reshape(-1), rtol, atol, epsilon)
-            if trial.outside == 0 and trial.shift <= 1.0:
-                found, equivalence = trial, _join(equivalence, f"equal up to a {description}")
-                base["layout"] = description
-                break
-        else:
-            permutation = _general_permutation(shaped_a, shaped_b, rtol, atol) if layout in (None, PERMUTED) else None
-            if permutation is not None:
-                trial, _ = _elementwise(a, shaped_b[..., permutation].reshape(-1), rtol, atol, epsilon)
-                if trial.outside == 0 and trial.shift <= 1.0:
-                    found, equivalence = trial, _join(equivalence, f"equal up to a {PERMUTED}")
-                    base["layout"] = PERMUTED
+    same_rows = ta.dim() and ta.shape[-1:] == tb.shape[-1:] and ta.numel() == tb.numel()
+    if found.outside and layout != "" and reorderable and same_rows:  # "": no re-ordering allowed for
+        shaped = ta.detach(), tb.detach().reshape(ta.shape)
+        found, equivalence = _reordered(*shaped, found, equivalence, base, layout, epsilon)
     if found.outside:
         status: Status = "diverged"
         reason = f"{found.outside} of {a.numel()} elements outside tolerance, max |Δ| {found.max_abs:.3g}"
@@ -827,8 +810,46 @@ def _from_values(ta: Any, tb: Any, base: dict[str, Any], normwise: bool, layout:
     )
 
 
+def _reordered(
+    ta: Any, tb: Any, found: _Elementwise, equivalence: str, base: dict[str, Any], layout: str | None, epsilon: float
+) -> tuple[_Elementwise, str]:
+    """``found`` and ``equivalence`` for ``tb`` (``ta``'s shape) re-ordered along its last dimension, when a
+    re-ordering ``layout`` allows (None: any) makes it agree with ``ta``; ``base["layout"]`` then names it. Each
+    candidate is refused on the first rows before the whole tensor is read, and all of them at once when those rows
+    do not hold the same values (:func:`_may_be_reordered`)."""
+    rtol, atol = base["rtol"], found.atol
+    head_rows = _first_rows(ta).double(), _first_rows(tb).double()
+    if not _may_be_reordered(*head_rows, rtol, atol):
+        return found, equivalence
+    shaped_a, shaped_b = ta.double(), tb.double()
+    for description, reorder in _last_dim_permutations(tuple(ta.shape)):
+        if layout is not None and description != layout:
+            continue
+        if not _within(head_rows[0], reorder(head_rows[1]), rtol, atol):
+            continue
+        trial, _ = _elementwise(shaped_a.reshape(-1), reorder(shaped_b).reshape(-1), rtol, atol, epsilon)
+        if trial.outside == 0 and trial.shift <= 1.0:
+            base["layout"] = description
+            return trial, _join(equivalence, f"equal up to a {description}")
+    permutation = _general_permutation(shaped_a, shaped_b, rtol, atol) if layout in (None, PERMUTED) else None
+    if permutation is not None:
+        trial, _ = _elementwise(shaped_a.reshape(-1), shaped_b[..., permutation].reshape(-1), rtol, atol, epsilon)
+        if trial.outside == 0 and trial.shift <= 1.0:
+            base["layout"] = PERMUTED
+            return trial, _join(equivalence, f"equal up to a {PERMUTED}")
+    return found, equivalence
+
+
 def _first_rows(t: Any) -> Any:
     return t.reshape(-1, t.shape[-1])[:4]
+
+
+def _may_be_reordered(a: Any, b: Any, rtol: float, atol: float) -> bool:
+    """Whether a re-ordering of the last dimension could make rows ``b`` agree with rows ``a``: a re-ordering keeps
+    each row's values, and matching them in sorted order gives the smallest largest difference of any matching, so
+    when that exceeds the row's largest tolerance no re-ordering agrees (one pass refuses them all)."""
+    bound = atol + rtol * a.abs().amax(-1, keepdim=True)
+    return bool(((b.sort(-1).values - a.sort(-1).values).abs() <= bound).all().item())
 
 
 def _within(a: Any, b: Any, rtol: float, atol: float) -> bool:
