@@ -86,11 +86,11 @@ def _where(original: torch.Tensor, port: torch.Tensor) -> tuple[int, ...]:
     if a.numel() == 0:
         return ()
     delta = (b - a).abs()
-    if not math.isfinite(float(delta.sum().item())):  # a NaN or an infinity somewhere: masks needed
+    largest, flat = delta.reshape(-1).max(0)  # the first largest; NaN propagates
+    if not math.isfinite(float(largest.item())):  # a NaN or an infinity somewhere: masks needed
         alike = (a == b) | (torch.isnan(a) & torch.isnan(b))
-        delta = torch.nan_to_num(delta, nan=math.inf).masked_fill(alike, 0.0)
-    flat = int(delta.reshape(-1).argmax().item())
-    return tuple(int(k) for k in torch.unravel_index(torch.tensor(flat), tuple(delta.shape)))
+        flat = torch.nan_to_num(delta, nan=math.inf).masked_fill(alike, 0.0).reshape(-1).argmax()
+    return tuple(int(k) for k in torch.unravel_index(flat, tuple(delta.shape)))
 
 
 @dataclass
@@ -263,9 +263,9 @@ class Judge:
                 diffs.append(self._lost(target, "run alone, it returned no such output"))
                 continue
             key = (id(found), target.record.file, target.view.description, target.layout)
-            memo = self._memo.get(key)
-            if memo is not None and memo[0] is found:  # a container's output that is a call's inside it: measured
-                diff, where = memo[1], memo[2]
+            memo = self._remembered(key, found)
+            if memo is not None:  # a container's output that is a call's inside it: measured
+                diff, where = memo
             else:
                 diff, where = self._measure(target, found)
                 self._memo[key] = (found, diff, where)
@@ -274,6 +274,23 @@ class Judge:
             if where is not None and (worst is None or (diff.largest or 0.0) > worst[0]):
                 worst = (diff.largest or 0.0, where)
         return tuple(diffs), None if worst is None else worst[1]
+
+    def _remembered(
+        self, key: _MeasureKey, found: torch.Tensor
+    ) -> tuple[TensorDiff, tuple[int, ...] | None] | None:
+        """The measurement of ``found`` under ``key``, or one under another layout that gives the same: the model's
+        own output (no re-ordering allowed) is often a call's inside it (any allowed), measured already, and a
+        measurement that found no re-ordering found what one allowing none finds, and the other way round when
+        nothing lay outside the tolerance (no re-ordering is tried then)."""
+        layouts = (key[3], None) if key[3] == "" else (key[3], "")
+        for layout in layouts:
+            memo = self._memo.get((*key[:3], layout))
+            if memo is None or memo[0] is not found:
+                continue
+            diff = memo[1]
+            if layout == key[3] or (diff.layout == "" and (layout is None or diff.outside == 0)):
+                return diff, memo[2]
+        return None
 
     def _measure(self, target: _Target, found: torch.Tensor) -> tuple[TensorDiff, tuple[int, ...] | None]:
         """The port's output ``found`` against the original's value of ``target``, and where it departs most."""
