@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import graphtrace
-from graphtrace.check.memo import Known, alike
+from graphtrace.check.memo import APART, SAME, Known, alike, likeness
 from graphtrace.check.views import view_between
 from graphtrace.errors import InvalidOptionError
 from tests import independent_gpt2, independent_llama
@@ -402,6 +402,12 @@ def test_alike_is_what_the_measure_would_call_equal_with_margin() -> None:
     assert alike(eight, eight.clone()) and not alike(eight, (b[:64] * 2).to(torch.float8_e4m3fn))
     eight[3] = math.nan  # NaN: bit for bit only, in a dtype torch cannot sum
     assert alike(eight, eight.clone()) and not alike(eight, (b[:64] * 2).to(torch.float8_e4m3fn))
+    held = b.clone()
+    held[5], held[9] = math.nan, math.inf  # among the first elements, which are read before the rest
+    assert likeness(held, held.clone()) == SAME  # the same NaN and infinity on both sides: the same bits
+    moved = held.clone()
+    moved[20] += 1.0
+    assert likeness(held, moved) == APART
 
 
 def test_a_known_run_made_exactly_answers_before_one_made_through_an_approximation() -> None:
@@ -461,6 +467,36 @@ class _Chain(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.amplify(self.first(x))
+
+
+class _Projecting(torch.nn.Module):
+    """Its output is its projection's: the same tensor, judged once as the projection's and once as the model's."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        with torch.no_grad():
+            self.proj.weight.copy_(weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+
+def test_the_model_s_own_output_is_not_excused_by_the_re_ordering_its_projection_is() -> None:
+    """A projection whose output columns are re-ordered agrees (its caller may read them in that order), but the model
+    returning that very tensor departs: the model's own output is read as it is laid out. One measurement serves both
+    only when it found no re-ordering."""
+    generator = torch.Generator().manual_seed(0)
+    weight, x = torch.randn(16, 8, generator=generator), torch.randn(1, 6, 8, generator=generator)
+    original = _Projecting(weight).eval()
+    report = graphtrace.check(
+        _Projecting(weight[torch.randperm(16, generator=generator)]).eval(), (x,), (original, (x,))
+    )
+    verdicts = {report.port_path(check.port): check for check in report.modules}
+    assert verdicts["proj"].verdict == "agrees" and "permutation" in verdicts["proj"].outputs[0].equivalence
+    assert verdicts[""].verdict == "departs"
+    faithful = graphtrace.check(_Projecting(weight).eval(), (x,), (original, (x,)))
+    assert faithful.equal and len(faithful.modules) == 2
 
 
 def test_a_departure_found_through_rounding_is_judged_again_on_the_original_s_own_values(tmp_path: Path) -> None:

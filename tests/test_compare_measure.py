@@ -7,7 +7,14 @@ import math
 import pytest
 import torch
 
-from graphtrace.compare.measure import MAX_DIMS_ORDERS, Tolerance, dims_orders, measure, stats_close
+from graphtrace.compare.measure import (
+    MAX_DIMS_ORDERS,
+    Tolerance,
+    _may_be_reordered,
+    dims_orders,
+    measure,
+    stats_close,
+)
 from graphtrace.model import Stats, TensorRecord
 
 
@@ -129,6 +136,25 @@ def test_a_partial_rotary_layout_is_an_equivalence_even_in_one_row() -> None:
     found = measure("outputs", record, "outputs", record, Tolerance(), (a, b))
     assert found.status == "equal"
     assert "the first 4 of each head of 16" in found.equivalence
+
+
+def test_re_orderings_are_refused_at_once_only_when_no_re_ordering_could_agree() -> None:
+    """Before any candidate layout is tried, the first rows must hold the same values within the row's largest
+    tolerance (sorted, the closest matching): a row with elements of very different sizes, each moved within its
+    own tolerance and re-ordered, passes; one element moved beyond every tolerance refuses them all."""
+    generator = torch.Generator().manual_seed(5)
+    a = torch.randn(4, 32, generator=generator, dtype=torch.float64) * torch.logspace(-3, 3, 32, dtype=torch.float64)
+    rtol, atol = 1e-3, 1e-9
+    sign = torch.where(torch.rand(a.shape, generator=generator) < 0.5, -1.0, 1.0)
+    b = (a + 0.9 * (atol + rtol * a.abs()) * sign)[:, torch.randperm(32, generator=generator)]
+    assert _may_be_reordered(a, b, rtol, atol)
+    b[0, 0] += 1.0
+    assert not _may_be_reordered(a, b, rtol, atol)
+    record = TensorRecord(shape=(4, 32), dtype="torch.float64")
+    shuffled = a[:, torch.randperm(32, generator=generator)]
+    found = measure("outputs", record, "outputs", record, Tolerance(), (a, shuffled))
+    assert found.status == "equal" and "permutation of the last dim" in found.equivalence
+    assert measure("outputs", record, "outputs", record, Tolerance(), (a, shuffled), layout="").status == "diverged"
 
 
 def test_an_element_near_zero_may_differ_by_rounding_of_the_tensors_large_elements() -> None:
