@@ -275,9 +275,7 @@ class Judge:
                 worst = (diff.largest or 0.0, where)
         return tuple(diffs), None if worst is None else worst[1]
 
-    def _remembered(
-        self, key: _MeasureKey, found: torch.Tensor
-    ) -> tuple[TensorDiff, tuple[int, ...] | None] | None:
+    def _remembered(self, key: _MeasureKey, found: torch.Tensor) -> tuple[TensorDiff, tuple[int, ...] | None] | None:
         """The measurement of ``found`` under ``key``, or one under another layout that gives the same: the model's
         own output (no re-ordering allowed) is often a call's inside it (any allowed), measured already, and a
         measurement that found no re-ordering found what one allowing none finds, and the other way round when
