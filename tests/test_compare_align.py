@@ -14,7 +14,7 @@ import torch
 import graphtrace
 from graphtrace.cli import EXIT_BAD_INPUT, main
 from graphtrace.compare import Comparison, align
-from graphtrace.compare.fused import find_fused
+from graphtrace.compare.fused import concatenated_record, find_fused
 from graphtrace.compare.fused_layout import part_columns
 from graphtrace.compare.rules import apply_rules, parse_rule, parse_rules
 from graphtrace.errors import InvalidOptionError
@@ -339,3 +339,14 @@ def test_leaves_of_another_shape_pair_without_a_quadratic_scan(monkeypatch: pyte
     found: dict[int, tuple[int, align.MatchKind]] = {0: (0, "path")}
     assert align._reshaping_leaves(found, a, b, (set(), set()), align.DEFAULT_TOLERANCE) == set()
     assert compared <= 4 * 300, compared
+
+
+def test_the_statistics_of_parts_beyond_float64_s_squares_combine_without_overflow() -> None:
+    """Parts whose means lie near 1e300 apart: their spread is infinite, never an OverflowError."""
+    parts = [
+        TensorRecord(shape=(1, 4), dtype="torch.float64", stats=Stats(mean=mean, std=0.0, min=mean, max=mean))
+        for mean in (1e300, -1e300)
+    ]
+    whole = concatenated_record(parts)
+    assert whole is not None and whole.stats is not None
+    assert whole.stats.mean == 0.0 and whole.stats.std == math.inf

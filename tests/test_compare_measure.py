@@ -287,3 +287,17 @@ def test_normwise_read_once_it_matters_counts_the_slices_before_it_again() -> No
     expected = _outside_by_definition(a, b, rtol, atol, none)
     assert expected == 2 < _outside_by_definition(a, b, 0.0, atol, none)
     assert diff.outside == expected
+
+
+def test_float64_values_whose_squares_overflow_are_measured_with_their_cosine() -> None:
+    """Elements near 1e300 square beyond float64: the spread over several slices and the cosine are still read
+    (each tensor scaled by its largest magnitude for the cosine), never an OverflowError."""
+    n = 70_000  # three slices
+    a = torch.full((n,), 1e300, dtype=torch.float64)
+    a[40_000:] = -1e300
+    b = a.clone()
+    b[5], b[50_000] = -1e300, 1e300
+    record = TensorRecord(shape=(n,), dtype="torch.float64")
+    found = measure("outputs", record, "outputs", record, Tolerance(), (a, b))
+    assert found.status == "diverged" and found.outside == 2 and found.max_abs == 2e300
+    assert found.cosine == pytest.approx(1 - 4 / n, rel=1e-12)

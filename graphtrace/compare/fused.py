@@ -258,7 +258,8 @@ def concatenated_record(parts: Sequence[TensorRecord]) -> TensorRecord | None:
     for n, part in zip(counts, parts):
         assert part.stats is not None
         spread = part.stats.std if n > 1 and math.isfinite(part.stats.std) else 0.0
-        squares += (n - 1) * spread * spread + n * (part.stats.mean - mean) ** 2
+        deviation = part.stats.mean - mean  # squared by a product: inf beyond float64, where ** raises
+        squares += (n - 1) * spread * spread + n * deviation * deviation
     std = math.sqrt(squares / (total - 1)) if total > 1 else math.nan
     lowest = min(part.stats.min for part in parts if part.stats)
     highest = max(part.stats.max for part in parts if part.stats)

@@ -476,7 +476,8 @@ class _Sums:
 def _combined(slices: Sequence[tuple[int, float, float]], n: int) -> tuple[float, float]:
     """The mean of ``n`` values and the sum of their squared deviations from it, from each slice's (Chan et al.)."""
     mean = sum(size * part for size, part, _ in slices) / n
-    return mean, sum(squares + size * (part - mean) ** 2 for size, part, squares in slices)
+    # squared by a product: values beyond float64's range give inf, where ``**`` raises OverflowError
+    return mean, sum(squares + size * (part - mean) * (part - mean) for size, part, squares in slices)
 
 
 def _slices(a: Any, b: Any) -> Iterator[tuple[Any, Any]]:
@@ -648,13 +649,26 @@ def _elementwise(
         + sum(int((~(diff <= atol + rtol * scale)).sum().item()) for diff, scale in sums.beyond)
     )
     outside += _recounted(a, b, sums.recount, rtol, atol)
+    found = _Elementwise(
+        outside, sums.max_abs, sums.max_rel, _cosine(sums, a, b), _shift(sums, n, rtol, atol, epsilon), atol
+    )
+    return found, sums
+
+
+def _cosine(sums: _Sums, a: Any, b: Any) -> float:
+    """The cosine of ``a`` and ``b`` (flat) over the elements finite in both, from the sums; where a sum of squares
+    overflows float64 (elements from about 1e154 up), read again with each tensor scaled by its largest finite
+    magnitude, which leaves the cosine as it is."""
+    if not all(math.isfinite(total) for total in (sums.aa, sums.bb, sums.ab)):
+        both = a.isfinite() & b.isfinite()
+        x, y = (t.double().masked_fill(~both, 0.0) for t in (a, b))
+        x, y = (t / t.abs().max().clamp_min(math.ulp(0.0)) for t in (x, y))
+        sums = _Sums()
+        sums.aa, sums.bb, sums.ab = (float((p * q).sum().item()) for p, q in ((x, x), (y, y), (x, y)))
     norms = math.sqrt(sums.aa) * math.sqrt(sums.bb)
     if norms > 0:
-        cosine = max(-1.0, min(1.0, sums.ab / norms))
-    else:
-        cosine = 1.0 if sums.aa == sums.bb == 0 else 0.0
-    found = _Elementwise(outside, sums.max_abs, sums.max_rel, cosine, _shift(sums, n, rtol, atol, epsilon), atol)
-    return found, sums
+        return max(-1.0, min(1.0, sums.ab / norms))
+    return 1.0 if sums.aa == sums.bb == 0 else 0.0
 
 
 def _shift(sums: _Sums, n: int, rtol: float, atol: float, epsilon: float) -> float:
