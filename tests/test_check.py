@@ -18,6 +18,8 @@ import pytest
 import torch
 
 import graphtrace
+from graphtrace.check import judge as judge_module
+from graphtrace.check.judge import _where
 from graphtrace.check.memo import APART, SAME, Known, alike, likeness
 from graphtrace.check.views import view_between
 from graphtrace.errors import InvalidOptionError
@@ -652,3 +654,62 @@ def test_the_worked_example_of_the_docs(
     docs = (root / "docs" / "check.md").read_text()
     shown = docs.split("# the same check from the shell\n```\n\n```\n")[1].split("```")[0]
     assert shown.splitlines() == table.rstrip("\n").splitlines()  # the docs show the example's real output
+
+
+def test_tensors_whose_operators_communicate_are_never_compared_by_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DTensor's comparison all-reduces over its mesh, outside the replay guard too: the check never compares one
+    (a module handed one runs alone, where the guard refuses it with its reason), so it never issues a collective
+    the other ranks would not join."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(probe.getsockname()[1]))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        sharded = distribute_tensor(torch.randn(4, 8), init_device_mesh("cpu", (1,)), [Replicate()])
+        collectives: list[str] = []
+        real = dist.all_reduce
+        monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: collectives.append("all_reduce") or real(*a, **k))
+        assert likeness(sharded, sharded.clone()) == APART and not collectives
+        torch.equal(sharded, sharded.clone())  # what the check never does: it communicates
+        assert collectives
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_model_s_own_output_is_measured_once_when_its_projection_returned_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same tensor, a projection's output and the model's, differing from the original's by rounding: measured
+    once, allowing re-orderings for the projection; that found none, so the model's own reading is the same."""
+    generator = torch.Generator().manual_seed(1)
+    weight, x = torch.randn(16, 8, generator=generator), torch.randn(1, 6, 8, generator=generator)
+    measured: list[tuple[int, ...]] = []
+    real = judge_module.measure
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        measured.append(tuple(args[3].shape))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(judge_module, "measure", counting)
+    port = _Projecting(weight.nextafter(weight * 2)).eval()  # a unit in the last place: outputs differ by rounding
+    report = graphtrace.check(port, (x,), (_Projecting(weight).eval(), (x,)))
+    assert report.equal and len(report.modules) == 2 and measured == [(1, 6, 16)]
+
+
+def test_where_a_departure_is_largest_counts_a_non_finite_value_on_one_side_and_takes_the_first_of_ties() -> None:
+    original = torch.zeros(2, 3)
+    port = original.clone()
+    port[0, 1] = port[1, 2] = 1.0
+    assert _where(original, port) == (0, 1)  # ties: the first
+    port[1, 0] = math.nan
+    assert _where(original, port) == (1, 0)  # NaN on one side only: infinitely far
+    original[1, 0] = math.nan
+    port[1, 1] = -math.inf
+    assert _where(original, port) == (1, 1)  # NaN on both sides is the same; an infinity on one side is not

@@ -276,18 +276,12 @@ class Judge:
         return tuple(diffs), None if worst is None else worst[1]
 
     def _remembered(self, key: _MeasureKey, found: torch.Tensor) -> tuple[TensorDiff, tuple[int, ...] | None] | None:
-        """The measurement of ``found`` under ``key``, or one under another layout that gives the same: the model's
-        own output (no re-ordering allowed) is often a call's inside it (any allowed), measured already, and a
-        measurement that found no re-ordering found what one allowing none finds, and the other way round when
-        nothing lay outside the tolerance (no re-ordering is tried then)."""
-        layouts = (key[3], None) if key[3] == "" else (key[3], "")
-        for layout in layouts:
+        """The measurement of ``found`` under ``key``. The model's own output (no re-ordering allowed) is often a
+        call's inside it, measured already allowing any: when that found none, it found what allowing none finds."""
+        for layout in (key[3], None) if key[3] == "" else (key[3],):
             memo = self._memo.get((*key[:3], layout))
-            if memo is None or memo[0] is not found:
-                continue
-            diff = memo[1]
-            if layout == key[3] or (diff.layout == "" and (layout is None or diff.outside == 0)):
-                return diff, memo[2]
+            if memo is not None and memo[0] is found and (layout == key[3] or memo[1].layout == ""):
+                return memo[1], memo[2]
         return None
 
     def _measure(self, target: _Target, found: torch.Tensor) -> tuple[TensorDiff, tuple[int, ...] | None]:

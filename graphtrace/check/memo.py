@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from graphtrace.check.live import live_tensors, replaced, version
 from graphtrace.compare.measure import Tolerance
 from graphtrace.engine.eager import PatchLedger, entry_point
+from graphtrace.engine.fx.guard import dispatches_itself
 from graphtrace.model import CallNode
 
 __all__ = ["ALIKE", "APART", "SAME", "Known", "alike", "likeness", "same_bits"]
@@ -77,6 +78,8 @@ already, and are told apart without reading the rest."""
 def _tensor_likeness(a: torch.Tensor, b: torch.Tensor, tolerant: bool) -> int:
     if a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
         return APART
+    if dispatches_itself(a) or dispatches_itself(b):  # comparing them may communicate (a DTensor all-reduces)
+        return APART  # never compared: the call runs alone, where the guard refuses it with its reason
     if a is b or torch.equal(a, b):
         return SAME
     if not tolerant or not a.is_floating_point():
