@@ -713,3 +713,5 @@ def test_where_a_departure_is_largest_counts_a_non_finite_value_on_one_side_and_
     original[1, 0] = math.nan
     port[1, 1] = -math.inf
     assert _where(original, port) == (1, 1)  # NaN on both sides is the same; an infinity on one side is not
+    eight = torch.zeros(2, 3, dtype=torch.float8_e4m3fn)
+    assert _where(eight, torch.ones(2, 3).tril().to(torch.float8_e4m3fn)) == (0, 0)  # read in float32

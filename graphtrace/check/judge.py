@@ -82,6 +82,8 @@ def _where(original: torch.Tensor, port: torch.Tensor) -> tuple[int, ...]:
     tensors' own floating dtype: where the largest difference lies needs no float64."""
     floating = _floating(original) and _floating(port)
     dtype = torch.promote_types(original.dtype, port.dtype) if floating else torch.float64
+    if dtype.itemsize == 1:  # float8: torch does no arithmetic in it
+        dtype = torch.float32
     a, b = original.detach().to(dtype), port.detach().to(dtype)
     if a.numel() == 0:
         return ()
